@@ -1,0 +1,172 @@
+"""Acoustic worker: flow matching + vocoder + frame encoding for all turns, on one thread.
+
+The worker takes every chunk job that is waiting, runs chunks of equal length through
+the flow as one batch, and mel chunks of equal length through the vocoder as one batch
+(states are concatenated along the batch axis; see model/streaming.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..audio.encoders import FrameEncoder
+from ..model.checkpoint import SpeechModel, Voice
+from ..model.streaming import State, cat_states, split_state
+from ..model.stretch import MelStretcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AcousticStream:
+    """Per-turn acoustic state: flow caches, vocoder overlap, speed and encoder state."""
+
+    voice: Voice
+    flow_state: State
+    vocoder_state: State
+    stretcher: MelStretcher
+    encoder: FrameEncoder | None
+    closed: bool = False
+
+
+@dataclass
+class ChunkResult:
+    pcm: np.ndarray  # float32, 24 kHz
+    frames: list[bytes]  # encoded 20 ms frames (empty without an encoder)
+    compute_ms: float
+
+
+@dataclass
+class _Job:
+    stream: AcousticStream
+    tokens: list[int]  # chunk tokens + lookahead (PAD past the end)
+    final: bool
+    done: Callable[[ChunkResult | BaseException], None]
+    mel: torch.Tensor | None = field(default=None)
+    t0: float = field(default_factory=time.perf_counter)
+
+
+class AcousticWorker:
+    def __init__(self, model: SpeechModel) -> None:
+        self.model = model
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self.batches = 0
+        self.batched_chunks = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="voiceagent-acoustic", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread:
+            self._jobs.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def new_stream(self, voice: Voice, speed: float, encoder: FrameEncoder | None) -> AcousticStream:
+        return AcousticStream(
+            voice=voice,
+            flow_state=self.model.flow.initial_state(),
+            vocoder_state=self.model.vocoder.initial_state(),
+            stretcher=MelStretcher(speed),
+            encoder=encoder,
+        )
+
+    async def synthesize(self, stream: AcousticStream, tokens: list[int], final: bool) -> ChunkResult:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[ChunkResult] = loop.create_future()
+
+        def done(result: ChunkResult | BaseException) -> None:
+            def settle() -> None:
+                if fut.done():
+                    return
+                if isinstance(result, BaseException):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
+            loop.call_soon_threadsafe(settle)
+
+        self._jobs.put(_Job(stream, tokens, final, done))
+        return await fut
+
+    # -- worker thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            first = self._jobs.get()
+            if first is None:
+                return
+            jobs = [first]
+            while True:
+                try:
+                    nxt = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    self._jobs.put(None)
+                    break
+                jobs.append(nxt)
+            jobs = [j for j in jobs if not j.stream.closed]  # dropped turns cost nothing
+            try:
+                with torch.inference_mode():
+                    self._process(jobs)
+            except Exception as exc:
+                log.exception("acoustic batch failed")
+                for j in jobs:
+                    j.done(exc)
+
+    def _process(self, jobs: list[_Job]) -> None:
+        self.batches += 1
+        self.batched_chunks += len(jobs)
+        look = self.model.config.flow.pre_lookahead
+        for group in _group(jobs, lambda j: len(j.tokens)):
+            if len(group[0].tokens) == look:  # no new tokens: only drain the stretcher
+                for j in group:
+                    j.mel = j.stream.stretcher.push(torch.zeros(self.model.config.flow.mel_bins, 0), j.final)
+                continue
+            tokens = torch.tensor([j.tokens for j in group])
+            spk = torch.stack([j.stream.voice.embedding for j in group])
+            state = cat_states([j.stream.flow_state for j in group])
+            mel, state = self.model.flow.forward_chunk(tokens, spk, state)
+            for j, s, m in zip(group, split_state(state, len(group)), mel, strict=True):
+                j.stream.flow_state = s
+                j.mel = j.stream.stretcher.push(m, j.final)
+        for group in _group(jobs, lambda j: j.mel.shape[1] if j.mel is not None else 0):
+            mels = [j.mel for j in group if j.mel is not None]
+            if mels[0].shape[1] == 0:  # a fast speed can leave a small chunk without frames
+                for j in group:
+                    self._finish(j, np.zeros(0, dtype=np.float32))
+                continue
+            state = cat_states([j.stream.vocoder_state for j in group])
+            pcm, state = self.model.vocoder.forward_chunk(torch.stack(mels), state)
+            for j, s, p in zip(group, split_state(state, len(group)), pcm, strict=True):
+                j.stream.vocoder_state = s
+                self._finish(j, p.numpy().copy())
+
+    def _finish(self, job: _Job, audio: np.ndarray) -> None:
+        frames: list[bytes] = []
+        if job.stream.encoder is not None:
+            frames = job.stream.encoder.encode(audio)
+            if job.final:
+                frames += job.stream.encoder.flush()
+        job.done(ChunkResult(audio, frames, (time.perf_counter() - job.t0) * 1000))
+
+
+def _group(jobs: list[_Job], key: Callable[[_Job], int]) -> list[list[_Job]]:
+    groups: dict[int, list[_Job]] = defaultdict(list)
+    for j in jobs:
+        groups[key(j)].append(j)
+    return list(groups.values())

@@ -1,0 +1,212 @@
+"""Embedded LM engine: one thread decodes the speech tokens of all live turns.
+
+Every iteration admits new requests (prefill, one at a time) and then runs a single
+batched decode step over all active requests (continuous batching). Each request owns
+a KV slot and a seeded generator, so its tokens do not depend on its batch mates.
+Tokens reach the asyncio side through `TokenStream`, an async iterator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..model.checkpoint import SpeechModel, Voice
+from ..model.config import STOP_TOKENS
+from ..model.lm import KVPool
+from ..model.sampling import SamplingParams, sample_token
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(RuntimeError):
+    """The engine could not produce tokens (a bug, or out of capacity)."""
+
+
+class TokenStream:
+    """Speech tokens of one LM request, as lists of new tokens; `cancel()` aborts it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_cancel: Callable[[], None]) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[list[int] | BaseException | None] = asyncio.Queue()
+        self._on_cancel = on_cancel
+        self._done = False
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+
+    # called from the engine thread
+    def feed(self, item: list[int] | BaseException | None) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def __aiter__(self) -> TokenStream:
+        return self
+
+    async def __anext__(self) -> list[int]:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if item is None:
+            self._done = True
+            raise StopAsyncIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._on_cancel()
+
+
+@dataclass
+class _Request:
+    text_ids: list[int]  # prompt text + target text
+    speech_ids: list[int]  # the voice's prompt speech tokens
+    params: SamplingParams
+    min_len: int
+    max_len: int
+    stream: TokenStream
+    gen: torch.Generator  # owned by the turn; one turn's requests run one after another
+    slot: int = -1
+    length: int = 0  # positions in the KV slot
+    produced: int = 0
+    last: int = -1
+    cancelled: bool = False
+
+
+class EmbeddedLM:
+    def __init__(self, model: SpeechModel, max_batch: int = 16, max_len: int = 2048) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self.max_len = max_len
+        self._pool = KVPool(model.config.lm, max_batch, max_len, torch.device("cpu"))
+        self._free = list(range(max_batch))
+        self._incoming: queue.Queue[_Request | None] = queue.Queue()
+        self._active: list[_Request] = []
+        self._waiting: list[_Request] = []
+        self._thread: threading.Thread | None = None
+        self.steps = 0  # batched decode steps run (for stats)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="voiceagent-lm", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread:
+            self._incoming.put(None)
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    @property
+    def load(self) -> int:
+        return len(self._active) + len(self._waiting) + self._incoming.qsize()
+
+    def generate(
+        self,
+        text_ids: list[int],
+        voice: Voice,
+        params: SamplingParams,
+        gen: torch.Generator,
+        min_len: int,
+        max_len: int,
+    ) -> TokenStream:
+        loop = asyncio.get_running_loop()
+        prompt_ids = self.model.tokenizer.encode(voice.prompt_text) + text_ids
+        speech_ids = list(voice.prompt_tokens)
+        prompt_len = len(prompt_ids) + len(speech_ids) + 2  # + sos, task_id
+        if prompt_len + max_len > self.max_len:
+            raise EngineError(f"prompt of {prompt_len} + {max_len} tokens exceeds the KV length")
+        req: _Request
+        stream = TokenStream(loop, lambda: setattr(req, "cancelled", True))
+        stream.prompt_tokens = prompt_len
+        req = _Request(prompt_ids, speech_ids, params, min_len, max_len, stream, gen)
+        self._incoming.put(req)
+        return stream
+
+    # -- engine thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            block = not self._active and not self._waiting
+            try:
+                while True:
+                    item = self._incoming.get(block=block, timeout=None)
+                    block = False
+                    if item is None:
+                        self._fail_all(EngineError("engine stopped"))
+                        return
+                    self._waiting.append(item)
+            except queue.Empty:
+                pass
+            try:
+                with torch.inference_mode():
+                    self._admit()
+                    self._step()
+            except Exception as exc:  # keep serving: fail only the affected requests
+                log.exception("LM step failed")
+                self._fail_all(EngineError(f"LM step failed: {exc}"))
+
+    def _admit(self) -> None:
+        self._waiting = [r for r in self._waiting if not r.cancelled]
+        while self._waiting and self._free:
+            req = self._waiting.pop(0)
+            req.slot = self._free.pop()
+            prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
+            logits = self.model.lm.forward_embeds(
+                prompt, self._pool, torch.tensor([req.slot]), torch.tensor([0])
+            )
+            req.length = prompt.shape[1]
+            self._active.append(req)
+            self._emit(req, logits[0])
+
+    def _step(self) -> None:
+        self._release(lambda r: r.cancelled)
+        if not self._active:
+            return
+        reqs = list(self._active)
+        tokens = torch.tensor([r.last for r in reqs])
+        slots = torch.tensor([r.slot for r in reqs])
+        start = torch.tensor([r.length for r in reqs])
+        logits = self.model.lm.forward_embeds(
+            self.model.lm.embed_speech(tokens), self._pool, slots, start
+        )
+        self.steps += 1
+        for r, row in zip(reqs, logits, strict=True):
+            r.length += 1
+            self._emit(r, row)
+
+    def _emit(self, req: _Request, logits: torch.Tensor) -> None:
+        tok = sample_token(logits, req.params, req.gen, allow_stop=req.produced >= req.min_len)
+        if tok in STOP_TOKENS:
+            req.stream.feed(None)
+            self._release(lambda r: r is req)
+            return
+        req.produced += 1
+        req.last = tok
+        req.stream.feed([tok])
+        if req.produced >= req.max_len:
+            req.stream.feed(None)
+            self._release(lambda r: r is req)
+
+    def _release(self, which: Callable[[_Request], bool]) -> None:
+        keep = []
+        for r in self._active:
+            if which(r):
+                self._free.append(r.slot)
+            else:
+                keep.append(r)
+        self._active = keep
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for r in self._active + self._waiting:
+            r.stream.feed(exc)
+        self._release(lambda r: True)
+        self._waiting = []

@@ -1,0 +1,179 @@
+"""A speech model on disk and in memory: config, three stages, voices, text tokenizer.
+
+Directory layout (file names as in a CosyVoice2 release, so tools find what they expect):
+
+    config.json   hyper-parameters (ModelConfig)
+    llm.pt        SpeechLM state dict
+    flow.pt       FlowModel state dict
+    hift.pt       Vocoder state dict
+    spk2info.pt   {voice name: {"prompt_text", "speech_token", "embedding"}}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..text.tokenizer import ByteTokenizer, TextTokenizer
+from .config import SPEECH_CODES, ModelConfig
+from .flow import PAD_TOKEN, FlowModel
+from .lm import SpeechLM
+from .stretch import MelStretcher
+from .vocoder import Vocoder
+
+log = logging.getLogger(__name__)
+
+FILES = ("config.json", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt")
+BUILTIN_VOICES = ("agent", "narrator", "supervisor")
+
+
+class CheckpointError(RuntimeError):
+    """A model directory is missing a file or holds one that does not fit."""
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A role: the prompt the LM continues from and the speaker vector the flow uses."""
+
+    name: str
+    prompt_text: str
+    prompt_tokens: tuple[int, ...]
+    embedding: torch.Tensor  # [spk_dim]
+
+
+@dataclass
+class SpeechModel:
+    config: ModelConfig
+    lm: SpeechLM
+    flow: FlowModel
+    vocoder: Vocoder
+    voices: dict[str, Voice]
+    tokenizer: TextTokenizer
+
+    @property
+    def warning(self) -> str | None:
+        if self.config.random_weights:
+            return (
+                f"model '{self.config.name}' has random weights: audio will be noise "
+                "until a real model directory is given (--model)"
+            )
+        return None
+
+    def synthesize_offline(self, tokens: list[int], voice: Voice, speed: float = 1.0) -> np.ndarray:
+        """All tokens of a turn in one flow pass and one vocoder pass (the reference the
+        streaming path must equal)."""
+        look = self.config.flow.pre_lookahead
+        ids = torch.tensor([[*tokens, *([PAD_TOKEN] * look)]])
+        mel, _ = self.flow.forward_chunk(ids, voice.embedding[None], self.flow.initial_state())
+        mel = MelStretcher(speed).push(mel[0], final=True)[None]
+        pcm, _ = self.vocoder.forward_chunk(mel, self.vocoder.initial_state())
+        return pcm[0].numpy()
+
+
+def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechModel:
+    """A model with random weights (the `tiny` configuration unless told otherwise)."""
+    config = config or ModelConfig()
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    voices = {}
+    for i, name in enumerate(BUILTIN_VOICES):
+        tokens = torch.randint(0, SPEECH_CODES, (8 + 2 * i,), generator=gen)
+        voices[name] = Voice(
+            name=name,
+            prompt_text=f"This is the {name} speaking.",
+            prompt_tokens=tuple(int(t) for t in tokens),
+            embedding=torch.randn(config.flow.spk_dim, generator=gen),
+        )
+    return SpeechModel(
+        config=config,
+        lm=SpeechLM(config.lm).eval(),
+        flow=FlowModel(config.flow).eval(),
+        vocoder=Vocoder(config.vocoder).eval(),
+        voices=voices,
+        tokenizer=ByteTokenizer(),
+    )
+
+
+def save(model: SpeechModel, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
+    torch.save(model.lm.state_dict(), directory / "llm.pt")
+    torch.save(model.flow.state_dict(), directory / "flow.pt")
+    torch.save(model.vocoder.state_dict(), directory / "hift.pt")
+    spk2info = {
+        v.name: {
+            "prompt_text": v.prompt_text,
+            "speech_token": torch.tensor(v.prompt_tokens, dtype=torch.long),
+            "embedding": v.embedding,
+        }
+        for v in model.voices.values()
+    }
+    torch.save(spk2info, directory / "spk2info.pt")
+
+
+def _load_state(module: torch.nn.Module, path: Path) -> None:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types for a damaged file
+        raise CheckpointError(f"{path}: cannot be read as a torch state dict ({exc})") from exc
+    result = module.load_state_dict(state, strict=False)
+    problems = []
+    if result.missing_keys:
+        problems.append(f"missing {sorted(result.missing_keys)[:5]}")
+    if result.unexpected_keys:
+        problems.append(f"unexpected {sorted(result.unexpected_keys)[:5]}")
+    if problems:
+        raise CheckpointError(f"{path}: keys do not match the model: {'; '.join(problems)}")
+
+
+def load(directory: Path, device: str = "cpu") -> SpeechModel:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: model directory does not exist")
+    for name in FILES:
+        if not (directory / name).is_file():
+            raise CheckpointError(f"{directory / name}: required model file is missing")
+    try:
+        config = ModelConfig.from_dict(json.loads((directory / "config.json").read_text()))
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{directory / 'config.json'}: invalid ({exc})") from exc
+    model = build_random(config)
+    try:
+        _load_state(model.lm, directory / "llm.pt")
+        _load_state(model.flow, directory / "flow.pt")
+        _load_state(model.vocoder, directory / "hift.pt")
+    except RuntimeError as exc:  # shape mismatch
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{directory}: weights do not fit config.json ({exc})") from exc
+    spk2info = torch.load(directory / "spk2info.pt", map_location="cpu", weights_only=True)
+    model.voices = {
+        name: Voice(
+            name=name,
+            prompt_text=str(info["prompt_text"]),
+            prompt_tokens=tuple(int(t) for t in info["speech_token"]),
+            embedding=info["embedding"].float(),
+        )
+        for name, info in spk2info.items()
+    }
+    for module in (model.lm, model.flow, model.vocoder):
+        module.to(device)
+    log.info("loaded model '%s' from %s (%d voices)", config.name, directory, len(model.voices))
+    return model
+
+
+def default_tiny_dir() -> Path:
+    return Path.home() / ".cache" / "voiceagent" / "tiny"
+
+
+def ensure_tiny(directory: Path | None = None) -> Path:
+    """Write the random-weight `tiny` checkpoint once; later runs load the same weights."""
+    directory = directory or default_tiny_dir()
+    if not all((directory / f).is_file() for f in FILES):
+        save(build_random(), directory)
+    return directory

@@ -1,0 +1,233 @@
+"""One turn: text -> segments -> speech tokens -> chunks -> mel -> PCM -> encoded frames.
+
+Everything a turn accumulates (segmenter, LM request, flow/vocoder/encoder state, queued
+frames) lives in this object. Cancel drops the object; nothing outside it needs resetting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..audio.encoders import make_encoder
+from ..engine.acoustic import AcousticStream, ChunkResult
+from ..engine.embedded import EmbeddedEngine
+from ..engine.lm_engine import TokenStream
+from ..model.checkpoint import Voice
+from ..model.flow import PAD_TOKEN
+from ..model.sampling import SamplingParams
+from ..text.segmenter import Segmenter, SegmenterConfig
+
+log = logging.getLogger(__name__)
+
+FRAME_MS = 20
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    """Tokens per flow chunk: small first (fast first audio), larger later (efficiency)."""
+
+    sizes: tuple[int, ...] = (4, 8, 16, 25)
+
+    def size(self, index: int) -> int:
+        return self.sizes[min(index, len(self.sizes) - 1)]
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    codec: str = "opus"  # opus | pcm16 | mulaw
+    sample_rate: int = 48000
+    bitrate: int = 32000
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    voice: Voice
+    sampling: SamplingParams
+    speed: float = 1.0
+    output: OutputFormat = OutputFormat()
+
+
+@dataclass
+class TurnStats:
+    created: float = field(default_factory=time.monotonic)
+    synth_start: float | None = None
+    first_audio: float | None = None
+    last_audio: float | None = None
+    audio_samples: int = 0  # at 24 kHz
+    tokens: int = 0
+    prompt_tokens: int = 0
+    chunks: int = 0
+
+    @property
+    def ttfa_ms(self) -> float | None:
+        return None if self.first_audio is None else (self.first_audio - self.created) * 1000
+
+    @property
+    def audio_ms(self) -> float:
+        return self.audio_samples / 24.0
+
+    @property
+    def rtf(self) -> float | None:
+        if self.synth_start is None or self.last_audio is None or not self.audio_samples:
+            return None
+        return (self.last_audio - self.synth_start) / (self.audio_ms / 1000)
+
+
+class TurnFailed(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# Items of `Turn.output`: an encoded frame, a failure, or None at the end.
+OutputItem = bytes | TurnFailed | None
+
+
+class Turn:
+    def __init__(
+        self,
+        turn_id: str,
+        settings: TurnSettings,
+        engine: EmbeddedEngine,
+        schedule: ChunkSchedule = ChunkSchedule(),
+        segmenter: SegmenterConfig | None = None,
+        streaming: bool = True,
+        record_pcm: bool = False,
+    ) -> None:
+        self.id = turn_id
+        self.settings = settings
+        self.engine = engine
+        self.schedule = schedule
+        self.streaming = streaming
+        self.stats = TurnStats()
+        self.output: asyncio.Queue[OutputItem] = asyncio.Queue()
+        self.tokens: list[int] = []
+        self.pcm: list[np.ndarray] | None = [] if record_pcm else None
+        self._segmenter = Segmenter(segmenter)
+        self._segments: asyncio.Queue[str | None] = asyncio.Queue()
+        self._text_ended = False
+        self._gen = torch.Generator().manual_seed(settings.sampling.seed)
+        self._lm: TokenStream | None = None
+        self._acoustic: AcousticStream | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # -- input ----------------------------------------------------------------------------
+
+    @property
+    def text_ended(self) -> bool:
+        return self._text_ended
+
+    def push_text(self, delta: str) -> None:
+        for seg in self._segmenter.push(delta):
+            self._segments.put_nowait(seg)
+
+    def end_text(self) -> None:
+        if not self._text_ended:
+            self._text_ended = True
+            for seg in self._segmenter.flush():
+                self._segments.put_nowait(seg)
+            self._segments.put_nowait(None)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"turn-{self.id}")
+
+    def close(self) -> None:
+        """Stop all work of this turn now (cancel, or after completion). Idempotent."""
+        if self._task and not self._task.done():
+            self._task.cancel()
+        if self._lm:
+            self._lm.cancel()
+        if self._acoustic:
+            self._acoustic.closed = True
+
+    async def wait(self) -> None:
+        if self._task:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    # -- production -----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        s = self.settings
+        encoder = make_encoder(
+            s.output.codec, sample_rate=s.output.sample_rate, bitrate=s.output.bitrate
+        )
+        self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, encoder)
+        try:
+            if self.streaming:
+                await self._run_streaming()
+            else:
+                await self._run_whole()
+            self.output.put_nowait(None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("turn %s failed", self.id)
+            self.output.put_nowait(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
+
+    async def _tokens_of(self, segment: str) -> TokenStream:
+        cfg = self.engine.model.config.lm
+        text_ids = self.engine.model.tokenizer.encode(segment)
+        n = len(text_ids)
+        self._lm = self.engine.lm.generate(
+            text_ids,
+            self.settings.voice,
+            self.settings.sampling,
+            self._gen,
+            min_len=int(n * cfg.min_tokens_per_text_token),
+            max_len=max(1, int(n * cfg.max_tokens_per_text_token)),
+        )
+        self.stats.prompt_tokens += self._lm.prompt_tokens
+        if self.stats.synth_start is None:
+            self.stats.synth_start = time.monotonic()
+        return self._lm
+
+    async def _run_streaming(self) -> None:
+        look = self.engine.model.config.flow.pre_lookahead
+        final = False
+        while (segment := await self._segments.get()) is not None:
+            pending: list[int] = []
+            async for new in await self._tokens_of(segment):
+                self.tokens += new
+                pending += new
+                while len(pending) >= (n := self.schedule.size(self.stats.chunks)) + look:
+                    await self._chunk(pending[: n + look], final=False)
+                    pending = pending[n:]
+            # End of segment: the tail gets zero lookahead; flow state carries on. It is
+            # the turn's last chunk when only the end marker is left in the queue.
+            final = self._text_ended and self._segments.qsize() == 1
+            await self._chunk(pending + [PAD_TOKEN] * look, final=final)
+        if not final:  # the text ended after the last segment's tail was sent
+            await self._chunk([PAD_TOKEN] * look, final=True)
+
+    async def _run_whole(self) -> None:
+        """Naive baseline: all tokens first, then all audio (for benchmarks)."""
+        look = self.engine.model.config.flow.pre_lookahead
+        while (segment := await self._segments.get()) is not None:
+            async for new in await self._tokens_of(segment):
+                self.tokens += new
+        await self._chunk(self.tokens + [PAD_TOKEN] * look, final=True)
+
+    async def _chunk(self, tokens: list[int], final: bool) -> None:
+        assert self._acoustic is not None
+        result: ChunkResult = await self.engine.acoustic.synthesize(self._acoustic, tokens, final)
+        self.stats.chunks += 1
+        self.stats.audio_samples += len(result.pcm)
+        self.stats.tokens = len(self.tokens)
+        if self.pcm is not None:
+            self.pcm.append(result.pcm)
+        if result.frames:
+            now = time.monotonic()
+            self.stats.first_audio = self.stats.first_audio or now
+            self.stats.last_audio = now
+        for frame in result.frames:
+            self.output.put_nowait(frame)
