@@ -74,7 +74,9 @@ class AcousticWorker:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def new_stream(self, voice: Voice, speed: float, encoder: FrameEncoder | None) -> AcousticStream:
+    def new_stream(
+        self, voice: Voice, speed: float, encoder: FrameEncoder | None
+    ) -> AcousticStream:
         return AcousticStream(
             voice=voice,
             flow_state=self.model.flow.initial_state(),
@@ -83,7 +85,9 @@ class AcousticWorker:
             encoder=encoder,
         )
 
-    async def synthesize(self, stream: AcousticStream, tokens: list[int], final: bool) -> ChunkResult:
+    async def synthesize(
+        self, stream: AcousticStream, tokens: list[int], final: bool
+    ) -> ChunkResult:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ChunkResult] = loop.create_future()
 
@@ -135,7 +139,9 @@ class AcousticWorker:
         for group in _group(jobs, lambda j: len(j.tokens)):
             if len(group[0].tokens) == look:  # no new tokens: only drain the stretcher
                 for j in group:
-                    j.mel = j.stream.stretcher.push(torch.zeros(self.model.config.flow.mel_bins, 0), j.final)
+                    j.mel = j.stream.stretcher.push(
+                        torch.zeros(self.model.config.flow.mel_bins, 0), j.final
+                    )
                 continue
             tokens = torch.tensor([j.tokens for j in group])
             spk = torch.stack([j.stream.voice.embedding for j in group])

@@ -10,6 +10,7 @@ concatenated chunks equal one offline pass.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,7 @@ class Estimator(nn.Module):
         h, c0 = self.inp.step(torch.cat([x, mu, spk_frames], dim=1), caches[0])
         h = h + self.time_embedding(t, x.shape[0], x.device)[:, :, None]
         new = [c0]
-        for block, cache in zip(self.blocks, caches[1:], strict=True):
+        for block, cache in zip(cast(list[ResBlock], self.blocks), caches[1:], strict=True):
             h, c = block.step(h, cache)
             new.append(c)
         return self.out(F.silu(h)), new
@@ -84,6 +85,8 @@ class PreLookahead(nn.Module):
 
 
 class FlowModel(nn.Module):
+    rand_noise: Tensor
+
     def __init__(self, cfg: FlowConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -107,12 +110,12 @@ class FlowModel(nn.Module):
         return [
             self.pre_lookahead_layer.conv2,
             self.encoder_in,
-            *(b.conv for b in self.encoder_blocks),
+            *(b.conv for b in cast(list[ResBlock], self.encoder_blocks)),
             self.upsampled,
         ]
 
     def _estimator_convs(self) -> list[CausalConv1d]:
-        return [self.estimator.inp, *(b.conv for b in self.estimator.blocks)]
+        return [self.estimator.inp, *(b.conv for b in cast(list[ResBlock], self.estimator.blocks))]
 
     def initial_state(self) -> State:
         """Per-turn state for one session; CFG caches have 2 rows (cond, uncond)."""
@@ -135,7 +138,7 @@ class FlowModel(nn.Module):
         x = emb.transpose(1, 2)
         x, state["enc0"] = self.pre_lookahead_layer.step(x, state["enc0"])
         x, state["enc1"] = self.encoder_in.step(x, state["enc1"])
-        for i, block in enumerate(self.encoder_blocks, start=2):
+        for i, block in enumerate(cast(list[ResBlock], self.encoder_blocks), start=2):
             x, state[f"enc{i}"] = block.step(x, state[f"enc{i}"])
         x = x.repeat_interleave(self.cfg.token_mel_ratio, dim=2)
         last = f"enc{2 + len(self.encoder_blocks)}"

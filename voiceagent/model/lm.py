@@ -8,6 +8,8 @@ many turns run as one batch while each turn keeps its own cache rows.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -137,6 +139,8 @@ class QwenEncoder(nn.Module):
 
 
 class SpeechLM(nn.Module):
+    inv_freq: Tensor
+
     def __init__(self, cfg: LMConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -168,7 +172,7 @@ class SpeechLM(nn.Module):
         t = x.shape[1]
         rope = self._rope(start[:, None] + torch.arange(t, device=x.device)[None, :])
         backbone = self.llm.model.model
-        for i, layer in enumerate(backbone.layers):
+        for i, layer in enumerate(cast(list[DecoderLayer], backbone.layers)):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, rope, pool, i, slots, start)
             x = x + layer.mlp(layer.post_attention_layernorm(x))

@@ -8,6 +8,8 @@ the overlap carried to the next chunk (no added latency, no seam).
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,6 +19,8 @@ from .streaming import CausalConv1d, State
 
 
 class Vocoder(nn.Module):
+    window: Tensor
+
     def __init__(self, cfg: VocoderConfig) -> None:
         super().__init__()
         self.cfg = cfg
@@ -28,9 +32,12 @@ class Vocoder(nn.Module):
         self.conv_post = nn.Conv1d(cfg.hidden, 2 * bins, 1)
         self.register_buffer("window", torch.hann_window(2 * cfg.hop), persistent=False)
 
+    def _convs(self) -> list[CausalConv1d]:
+        return cast(list[CausalConv1d], list(self.convs))
+
     def initial_state(self) -> State:
         state = {"pre": self.conv_pre.empty_cache(1)}
-        for i, c in enumerate(self.convs):
+        for i, c in enumerate(self._convs()):
             state[f"conv{i}"] = c.empty_cache(1)
         state["overlap"] = torch.zeros(1, self.cfg.hop)
         return state
@@ -41,7 +48,7 @@ class Vocoder(nn.Module):
         state = dict(state)
         hop = self.cfg.hop
         h, state["pre"] = self.conv_pre.step(mel, state["pre"])
-        for i, conv in enumerate(self.convs):
+        for i, conv in enumerate(self._convs()):
             y, state[f"conv{i}"] = conv.step(F.leaky_relu(h, 0.1), state[f"conv{i}"])
             h = h + y
         spec = self.conv_post(F.leaky_relu(h, 0.1))  # [b, 2*bins, m]

@@ -1,0 +1,184 @@
+"""Command line: `voiceagent serve | say | bench | make-tiny`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .model import checkpoint
+from .model.checkpoint import CheckpointError, SpeechModel
+
+log = logging.getLogger("voiceagent")
+
+
+def load_model(path: str | None) -> SpeechModel:
+    if path is None:
+        directory = checkpoint.ensure_tiny()
+        model = checkpoint.load(directory)
+    else:
+        model = checkpoint.load(Path(path))
+    if model.warning:
+        log.warning("%s", model.warning)
+    return model
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from .engine.embedded import EmbeddedEngine
+    from .pipeline.turn import ChunkSchedule
+    from .protocol.session import Limits
+    from .server.app import ServerConfig, VoiceServer, serve
+    from .server.runner import PlayoutConfig
+
+    model = load_model(args.model)
+    engine = EmbeddedEngine(model, max_batch=args.max_batch, threads=args.threads)
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        limits=Limits(
+            max_message_bytes=args.max_message_bytes,
+            max_text_chars=args.max_text_chars,
+            max_turns=args.max_turns,
+        ),
+        playout=PlayoutConfig(
+            lead_ms=args.lead_ms,
+            schedule=ChunkSchedule(tuple(int(x) for x in args.chunks.split(","))),
+        ),
+    )
+    log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
+    uvloop.run(serve(VoiceServer(engine, config), args.log_level))
+    return 0
+
+
+def _say(args: argparse.Namespace) -> int:
+    from .audio.ogg import OggOpusWriter
+    from .audio.wav import write_wav
+    from .engine.embedded import EmbeddedEngine
+    from .model.sampling import SamplingParams
+    from .pipeline.turn import OutputFormat, Turn, TurnSettings
+
+    model = load_model(args.model)
+    if args.voice not in model.voices:
+        print(
+            f"unknown voice '{args.voice}'; available: {', '.join(model.voices)}", file=sys.stderr
+        )
+        return 2
+    out = Path(args.output)
+    if out.suffix not in (".ogg", ".opus", ".wav"):
+        print("output must end in .ogg, .opus or .wav", file=sys.stderr)
+        return 2
+    engine = EmbeddedEngine(model)
+    settings = TurnSettings(
+        voice=model.voices[args.voice],
+        sampling=SamplingParams(seed=args.seed),
+        speed=args.speed,
+        output=OutputFormat("opus", 48000, args.bitrate),
+    )
+
+    async def run() -> tuple[list[bytes], np.ndarray]:
+        turn = Turn("say", settings, engine, record_pcm=True)
+        turn.start()
+        turn.push_text(args.text)
+        turn.end_text()
+        frames = []
+        while (item := await turn.output.get()) is not None:
+            if not isinstance(item, bytes):
+                raise RuntimeError(str(item))
+            frames.append(item)
+        return frames, np.concatenate(turn.pcm or [np.zeros(0, np.float32)])
+
+    engine.start()
+    try:
+        frames, pcm = asyncio.run(run())
+    finally:
+        engine.stop()
+    if out.suffix == ".wav":
+        write_wav(out, pcm, 24000)
+    else:
+        from .audio.encoders import DEFAULT_OPUS_LOOKAHEAD
+
+        with out.open("wb") as f:
+            writer = OggOpusWriter(f, pre_skip=DEFAULT_OPUS_LOOKAHEAD)
+            for packet in frames:
+                writer.write_packet(packet)
+            writer.close(valid_samples48k=len(pcm) * 2)
+    print(f"wrote {out} ({len(pcm) / 24000:.2f} s of audio)")
+    return 0
+
+
+def _make_tiny(args: argparse.Namespace) -> int:
+    checkpoint.save(checkpoint.build_random(seed=args.seed), Path(args.directory))
+    print(f"wrote a random-weight tiny checkpoint to {args.directory}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="voiceagent", description=__doc__)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the WebSocket server on the embedded engine")
+    s.add_argument("--model", help="model directory (default: the random-weight tiny model)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-sessions", type=int, default=64)
+    s.add_argument("--max-turns", type=int, default=8, help="live turns per session")
+    s.add_argument("--max-message-bytes", type=int, default=64 * 1024)
+    s.add_argument("--max-text-chars", type=int, default=20_000, help="per turn")
+    s.add_argument("--lead-ms", type=int, default=200, help="audio sent ahead of real time")
+    s.add_argument("--chunks", default="4,8,16,25", help="tokens per flow chunk, in order")
+    s.add_argument("--max-batch", type=int, default=16, help="LM decode batch (KV slots)")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    s.set_defaults(func=_serve)
+
+    s = sub.add_parser("say", help="synthesize text to an Ogg Opus or WAV file")
+    s.add_argument("text")
+    s.add_argument("-o", "--output", required=True, help="out.ogg, out.opus or out.wav")
+    s.add_argument("--model")
+    s.add_argument("--voice", default="agent")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--speed", type=float, default=1.0)
+    s.add_argument("--bitrate", type=int, default=32000)
+    s.set_defaults(func=_say)
+
+    s = sub.add_parser("bench", help="TTFA and RTF over real WebSocket, streaming vs baseline")
+    s.add_argument("--model")
+    s.add_argument("--sessions", default="1,8", help="concurrency levels")
+    s.add_argument("--turns", type=int, default=3, help="turns per session")
+    s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    s.set_defaults(func=_bench)
+
+    s = sub.add_parser("make-tiny", help="write a random-weight tiny checkpoint directory")
+    s.add_argument("directory")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_make_tiny)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args))
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

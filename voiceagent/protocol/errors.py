@@ -1,0 +1,40 @@
+"""Stable error codes of the control protocol (clients match on these strings)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorCode(StrEnum):
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"  # JSON, but not a message object of a known shape
+    UNKNOWN_TYPE = "unknown_type"
+    UNEXPECTED_BINARY = "unexpected_binary"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    TEXT_TOO_LONG = "text_too_long"
+    UNKNOWN_VOICE = "unknown_voice"
+    INVALID_PARAMETER = "invalid_parameter"
+    SESSION_NOT_STARTED = "session_not_started"
+    SESSION_ALREADY_STARTED = "session_already_started"
+    DUPLICATE_TURN_ID = "duplicate_turn_id"
+    UNKNOWN_TURN = "unknown_turn"
+    NO_OPEN_TURN = "no_open_turn"
+    TURN_QUEUE_FULL = "turn_queue_full"
+    TOO_MANY_SESSIONS = "too_many_sessions"
+    SYNTHESIS_FAILED = "synthesis_failed"
+    INTERNAL_ERROR = "internal_error"
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class CloseCode:
+    """WebSocket close codes the server uses."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    TRY_AGAIN_LATER = 1013  # server at its session limit

@@ -1,0 +1,216 @@
+"""Client messages: parse JSON text into typed commands, with stable error codes.
+
+Nothing here does I/O; a `ProtocolError` carries the code the client sees.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import ErrorCode, ProtocolError
+
+LANGUAGES = ("auto", "en", "zh", "ja", "ko", "yue", "de", "fr", "es", "it", "ru")
+CODEC_RATES = {"opus": (48000,), "pcm16": (8000, 16000, 24000, 48000), "mulaw": (8000,)}
+DEFAULT_RATES = {"opus": 48000, "pcm16": 24000, "mulaw": 8000}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 1.0
+    top_k: int = 25
+    top_p: float = 0.8
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Format:
+    codec: str = "opus"
+    sample_rate: int = 48000
+    bitrate: int = 32000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a session keeps between turns."""
+
+    voice: str = ""
+    language: str = "auto"
+    speed: float = 1.0
+    sampling: Sampling = field(default_factory=Sampling)
+    format: Format = field(default_factory=Format)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "voice": self.voice,
+            "language": self.language,
+            "speed": self.speed,
+            "sampling": vars(self.sampling).copy(),
+            "format": vars(self.format).copy(),
+        }
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StartSession:
+    changes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UpdateSession:
+    changes: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+    turn_id: str | None
+    voice: str | None
+    end: bool  # True for `speak` (whole text) and `text.end`
+
+
+@dataclass(frozen=True)
+class Cancel:
+    turn_id: str | None
+
+
+@dataclass(frozen=True)
+class Ping:
+    pass
+
+
+Command = StartSession | UpdateSession | TextDelta | Cancel | Ping
+
+
+def _invalid(msg: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_PARAMETER, msg)
+
+
+def _str(
+    obj: dict[str, Any], key: str, *, required: bool = False, max_len: int = 128
+) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        if required:
+            raise ProtocolError(ErrorCode.INVALID_MESSAGE, f"'{key}' is required")
+        return None
+    if not isinstance(value, str):
+        raise _invalid(f"'{key}' must be a string")
+    if len(value) > max_len:
+        raise _invalid(f"'{key}' is longer than {max_len} characters")
+    return value
+
+
+def parse(data: str) -> Command:
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message needs a string 'type'")
+    if kind in ("session.start", "session.update"):
+        changes = {k: v for k, v in obj.items() if k != "type"}
+        return StartSession(changes) if kind == "session.start" else UpdateSession(changes)
+    if kind in ("text.delta", "speak", "text.end"):
+        # Text length is limited per turn by the session (text_too_long), not here.
+        text = "" if kind == "text.end" else _str(obj, "text", required=True, max_len=2**31)
+        assert text is not None
+        return TextDelta(
+            text=text,
+            turn_id=_str(obj, "turn_id"),
+            voice=_str(obj, "voice"),
+            end=kind != "text.delta",
+        )
+    if kind == "cancel":
+        return Cancel(turn_id=_str(obj, "turn_id"))
+    if kind == "ping":
+        return Ping()
+    raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type '{kind[:64]}'")
+
+
+# -- settings validation ----------------------------------------------------------------
+
+_SETTING_KEYS = {"voice", "language", "speed", "sampling", "format"}
+
+
+def _number(value: Any, name: str, lo: float, hi: float, integer: bool = False) -> Any:
+    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok_type:
+        raise _invalid(f"'{name}' must be {'an integer' if integer else 'a number'}")
+    if not lo <= value <= hi:
+        raise _invalid(f"'{name}' must be between {lo} and {hi}")
+    return value
+
+
+def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str]) -> Settings:
+    """Validate `changes` against `current`; raise ProtocolError, or return new settings."""
+    unknown = set(changes) - _SETTING_KEYS
+    if unknown:
+        raise _invalid(f"unknown setting(s): {', '.join(sorted(unknown))}")
+    new = current
+    if "voice" in changes:
+        voice = changes["voice"]
+        if not isinstance(voice, str):
+            raise _invalid("'voice' must be a string")
+        check_voice(voice, voices)
+        new = replace(new, voice=voice)
+    if "language" in changes:
+        if changes["language"] not in LANGUAGES:
+            raise _invalid(f"'language' must be one of {', '.join(LANGUAGES)}")
+        new = replace(new, language=changes["language"])
+    if "speed" in changes:
+        new = replace(new, speed=float(_number(changes["speed"], "speed", 0.5, 2.0)))
+    if "sampling" in changes:
+        s = _object(changes["sampling"], "sampling", {"temperature", "top_k", "top_p", "seed"})
+        sampling = new.sampling
+        if "temperature" in s:
+            t = float(_number(s["temperature"], "sampling.temperature", 0.0, 2.0))
+            sampling = replace(sampling, temperature=t)
+        if "top_k" in s:
+            sampling = replace(sampling, top_k=_number(s["top_k"], "sampling.top_k", 0, 1000, True))
+        if "top_p" in s:
+            top_p = float(_number(s["top_p"], "sampling.top_p", 0.01, 1.0))
+            sampling = replace(sampling, top_p=top_p)
+        if "seed" in s:
+            sampling = replace(
+                sampling, seed=_number(s["seed"], "sampling.seed", 0, 2**31 - 1, True)
+            )
+        new = replace(new, sampling=sampling)
+    if "format" in changes:
+        f = _object(changes["format"], "format", {"codec", "sample_rate", "bitrate"})
+        codec = f.get("codec", new.format.codec)
+        if codec not in CODEC_RATES:
+            raise _invalid(f"'format.codec' must be one of {', '.join(CODEC_RATES)}")
+        default_rate = new.format.sample_rate if codec == new.format.codec else DEFAULT_RATES[codec]
+        rate = f.get("sample_rate", default_rate)
+        if rate not in CODEC_RATES[codec]:
+            rates = ", ".join(map(str, CODEC_RATES[codec]))
+            raise _invalid(f"'format.sample_rate' for {codec} must be one of {rates}")
+        bitrate = _number(
+            f.get("bitrate", new.format.bitrate), "format.bitrate", 6000, 510000, True
+        )
+        new = replace(new, format=Format(codec, rate, bitrate))
+    return new
+
+
+def check_voice(voice: str, voices: set[str]) -> None:
+    if voice not in voices:
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_VOICE,
+            f"unknown voice '{voice[:64]}'; available: {', '.join(sorted(voices))}",
+        )
+
+
+def _object(value: Any, name: str, keys: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _invalid(f"'{name}' must be an object")
+    unknown = set(value) - keys
+    if unknown:
+        raise _invalid(f"unknown key(s) in '{name}': {', '.join(sorted(unknown))}")
+    return value

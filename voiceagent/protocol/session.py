@@ -1,0 +1,314 @@
+"""The session protocol as a state machine without I/O.
+
+Messages from the client go in (`receive_text`, `receive_bytes`), notifications from the
+pipeline go in (`audio`, `turn_done`, `turn_failed`), and actions come out: events and
+frames to send, turns to open, feed, end or cancel. The transport adapters (WebSocket
+now; WebRTC data channel later) execute the actions and nothing else.
+
+Turn states: open (taking text) -> closed (text ended, still synthesizing or playing)
+-> finished (done, failed or cancelled). Turns play one after another, in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .errors import ErrorCode, ProtocolError
+from .frames import AudioFrame, pack
+from .messages import (
+    Cancel,
+    Ping,
+    Settings,
+    StartSession,
+    TextDelta,
+    UpdateSession,
+    apply_settings,
+    check_voice,
+    parse,
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_message_bytes: int = 64 * 1024
+    max_text_chars: int = 20_000  # per turn
+    max_turns: int = 8  # live turns per session (open, synthesizing or queued)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """What the server offers a session (voices, model facts)."""
+
+    voices: tuple[str, ...]
+    model: dict[str, Any]
+    default_voice: str
+
+
+# -- actions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SendEvent:
+    event: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SendAudio:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class OpenTurn:
+    num: int
+    turn_id: str
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class AppendText:
+    num: int
+    text: str
+
+
+@dataclass(frozen=True)
+class EndText:
+    num: int
+
+
+@dataclass(frozen=True)
+class CancelTurn:
+    num: int
+
+
+Action = SendEvent | SendAudio | OpenTurn | AppendText | EndText | CancelTurn
+
+
+@dataclass
+class _Turn:
+    num: int
+    turn_id: str
+    voice: str
+    open: bool = True
+    chars: int = 0
+    frames: int = 0
+    frame_ms: int = 20
+
+
+def error_event(code: ErrorCode, message: str, turn_id: str | None = None) -> dict[str, Any]:
+    event: dict[str, Any] = {"type": "error", "code": str(code), "message": message}
+    if turn_id is not None:
+        event["turn_id"] = turn_id
+    return event
+
+
+@dataclass
+class SessionCore:
+    session_id: str
+    catalog: Catalog
+    limits: Limits = field(default_factory=Limits)
+    settings: Settings | None = None  # None until session.start
+    _turns: dict[int, _Turn] = field(default_factory=dict)  # live turns by number
+    _ids: set[str] = field(default_factory=set)
+    _next_num: int = 1
+    _open: int | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.settings is not None
+
+    # -- input from the client ------------------------------------------------------------
+
+    def receive_text(self, data: str) -> list[Action]:
+        try:
+            if len(data) > self.limits.max_message_bytes or (
+                len(data.encode("utf-8", "surrogatepass")) > self.limits.max_message_bytes
+            ):
+                raise ProtocolError(
+                    ErrorCode.MESSAGE_TOO_LARGE,
+                    f"message larger than {self.limits.max_message_bytes} bytes",
+                )
+            cmd = parse(data)
+            if isinstance(cmd, Ping):
+                return [SendEvent({"type": "pong"})]
+            if isinstance(cmd, StartSession):
+                return self._start(cmd.changes)
+            if not self.started:
+                raise ProtocolError(
+                    ErrorCode.SESSION_NOT_STARTED, "send session.start before anything else"
+                )
+            if isinstance(cmd, UpdateSession):
+                return self._update(cmd.changes)
+            if isinstance(cmd, TextDelta):
+                return self._text(cmd)
+            assert isinstance(cmd, Cancel)
+            return self._cancel(cmd.turn_id)
+        except ProtocolError as err:
+            return [SendEvent(error_event(err.code, err.message))]
+
+    def receive_bytes(self, data: bytes) -> list[Action]:
+        return [
+            SendEvent(
+                error_event(
+                    ErrorCode.UNEXPECTED_BINARY,
+                    "binary messages are not accepted on this session; send JSON text",
+                )
+            )
+        ]
+
+    def _start(self, changes: dict[str, Any]) -> list[Action]:
+        if self.started:
+            raise ProtocolError(ErrorCode.SESSION_ALREADY_STARTED, "session already started")
+        base = Settings(voice=self.catalog.default_voice)
+        self.settings = apply_settings(base, changes, set(self.catalog.voices))
+        event = {
+            "type": "session.created",
+            "session_id": self.session_id,
+            "settings": self.settings.to_dict(),
+            "voices": list(self.catalog.voices),
+            "model": self.catalog.model,
+            "limits": {
+                "max_message_bytes": self.limits.max_message_bytes,
+                "max_text_chars": self.limits.max_text_chars,
+                "max_turns": self.limits.max_turns,
+            },
+        }
+        return [SendEvent(event)]
+
+    def _update(self, changes: dict[str, Any]) -> list[Action]:
+        assert self.settings is not None
+        self.settings = apply_settings(self.settings, changes, set(self.catalog.voices))
+        # Turns already opened keep the settings they started with.
+        return [SendEvent({"type": "session.updated", "settings": self.settings.to_dict()})]
+
+    def _text(self, cmd: TextDelta) -> list[Action]:
+        actions: list[Action] = []
+        turn = self._turns.get(self._open) if self._open is not None else None
+        if turn is not None and cmd.turn_id is not None and cmd.turn_id != turn.turn_id:
+            actions += self._end(turn)  # a new turn id ends the open turn's text
+            turn = None
+        if turn is None:
+            if not cmd.text:
+                if cmd.end and cmd.turn_id is None:
+                    raise ProtocolError(ErrorCode.NO_OPEN_TURN, "no turn is taking text")
+                if cmd.end:
+                    raise ProtocolError(ErrorCode.UNKNOWN_TURN, f"no open turn '{cmd.turn_id}'")
+                return actions
+            turn = self._open_turn(cmd, actions)
+        if cmd.voice is not None and cmd.voice != turn.voice:
+            raise ProtocolError(
+                ErrorCode.INVALID_PARAMETER, "'voice' can only be chosen when a turn opens"
+            )
+        if turn.chars + len(cmd.text) > self.limits.max_text_chars:
+            raise ProtocolError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"turn text would exceed {self.limits.max_text_chars} characters",
+            )
+        if cmd.text:
+            turn.chars += len(cmd.text)
+            actions.append(AppendText(turn.num, cmd.text))
+        if cmd.end:
+            actions += self._end(turn)
+        return actions
+
+    def _open_turn(self, cmd: TextDelta, actions: list[Action]) -> _Turn:
+        assert self.settings is not None
+        if len(self._turns) >= self.limits.max_turns:
+            raise ProtocolError(
+                ErrorCode.TURN_QUEUE_FULL,
+                f"{self.limits.max_turns} turns are already queued; wait or cancel",
+            )
+        turn_id = cmd.turn_id if cmd.turn_id is not None else f"t{self._next_num}"
+        if turn_id in self._ids:
+            raise ProtocolError(ErrorCode.DUPLICATE_TURN_ID, f"turn id '{turn_id}' was used before")
+        settings = self.settings
+        if cmd.voice is not None:
+            check_voice(cmd.voice, set(self.catalog.voices))
+            settings = replace(settings, voice=cmd.voice)
+        turn = _Turn(self._next_num, turn_id, settings.voice)
+        self._next_num += 1
+        self._ids.add(turn_id)
+        self._turns[turn.num] = turn
+        self._open = turn.num
+        started = {
+            "type": "turn.started",
+            "turn_id": turn_id,
+            "turn": turn.num,
+            "voice": settings.voice,
+            "queued": len(self._turns) > 1,
+        }
+        actions += [OpenTurn(turn.num, turn_id, settings), SendEvent(started)]
+        return turn
+
+    def _end(self, turn: _Turn) -> list[Action]:
+        turn.open = False
+        if self._open == turn.num:
+            self._open = None
+        return [EndText(turn.num)]
+
+    def _cancel(self, turn_id: str | None) -> list[Action]:
+        if turn_id is None:
+            targets = list(self._turns.values())
+        else:
+            targets = [t for t in self._turns.values() if t.turn_id == turn_id]
+            if not targets and turn_id not in self._ids:
+                raise ProtocolError(ErrorCode.UNKNOWN_TURN, f"no turn '{turn_id[:64]}'")
+        actions: list[Action] = []
+        for turn in targets:
+            self._finish(turn)
+            actions.append(CancelTurn(turn.num))
+            actions.append(
+                SendEvent(
+                    {
+                        "type": "turn.cancelled",
+                        "turn_id": turn.turn_id,
+                        "turn": turn.num,
+                        "sent_ms": turn.frames * turn.frame_ms,
+                    }
+                )
+            )
+        return actions
+
+    def _finish(self, turn: _Turn) -> None:
+        self._turns.pop(turn.num, None)
+        if self._open == turn.num:
+            self._open = None
+
+    # -- input from the pipeline ----------------------------------------------------------
+
+    def audio(self, num: int, codec: str, payload: bytes, frame_ms: int = 20) -> list[Action]:
+        """A frame of turn `num` is due to be sent. Nothing is sent for a finished turn."""
+        turn = self._turns.get(num)
+        if turn is None:
+            return []
+        actions: list[Action] = []
+        if turn.frames == 0:
+            actions.append(
+                SendEvent({"type": "turn.first_audio", "turn_id": turn.turn_id, "turn": num})
+            )
+        frame = AudioFrame(codec, num, turn.frames, turn.frames * frame_ms, payload)
+        turn.frames += 1
+        turn.frame_ms = frame_ms
+        actions.append(SendAudio(pack(frame)))
+        return actions
+
+    def turn_done(self, num: int, timings: dict[str, Any]) -> list[Action]:
+        turn = self._turns.get(num)
+        if turn is None:
+            return []
+        self._finish(turn)
+        event = {
+            "type": "turn.done",
+            "turn_id": turn.turn_id,
+            "turn": num,
+            "sent_ms": turn.frames * turn.frame_ms,
+            "timings": timings,
+        }
+        return [SendEvent(event)]
+
+    def turn_failed(self, num: int, code: ErrorCode, message: str) -> list[Action]:
+        turn = self._turns.get(num)
+        if turn is None:
+            return []
+        self._finish(turn)
+        return [SendEvent(error_event(code, message, turn.turn_id))]

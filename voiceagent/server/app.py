@@ -1,0 +1,130 @@
+"""HTTP + WebSocket server on one port (Starlette on uvicorn, uvloop, websockets).
+
+GET  /health       readiness and load
+GET  /v1/voices    voices of the loaded model
+WS   /v1/ws        sessions (docs/protocol.md)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..engine.embedded import EmbeddedEngine
+from ..protocol.errors import CloseCode, ErrorCode
+from ..protocol.session import Catalog, Limits, SessionCore, error_event
+from .runner import PlayoutConfig, SessionRunner
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_sessions: int = 64
+    # Transport cap: a bigger WebSocket message is a protocol violation (close 1009).
+    # Messages between limits.max_message_bytes and this get a `message_too_large` event.
+    hard_max_message_bytes: int = 4 * 1024 * 1024
+    limits: Limits = field(default_factory=Limits)
+    playout: PlayoutConfig = field(default_factory=PlayoutConfig)
+
+
+class VoiceServer:
+    def __init__(self, engine: EmbeddedEngine, config: ServerConfig = ServerConfig()) -> None:
+        self.engine = engine
+        self.config = config
+        self.sessions = 0
+        model = engine.model
+        self.catalog = Catalog(
+            voices=tuple(model.voices),
+            model={
+                "name": model.config.name,
+                "random_weights": model.config.random_weights,
+                "warning": model.warning,
+                "engine": engine.name,
+            },
+            default_voice=next(iter(model.voices)),
+        )
+        self.app = Starlette(
+            routes=[
+                Route("/health", self.health),
+                Route("/v1/voices", self.voices),
+                WebSocketRoute("/v1/ws", self.websocket),
+            ],
+        )
+
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "ready": True,
+                "engine": self.engine.name,
+                "model": self.catalog.model["name"],
+                "sessions": self.sessions,
+                "max_sessions": self.config.max_sessions,
+                "lm_load": self.engine.lm.load,
+            }
+        )
+
+    async def voices(self, request: Request) -> JSONResponse:
+        return JSONResponse({"voices": list(self.catalog.voices)})
+
+    async def websocket(self, ws: WebSocket) -> None:
+        await ws.accept()
+        if self.sessions >= self.config.max_sessions:
+            msg = f"server is at its limit of {self.config.max_sessions} sessions; retry later"
+            await ws.send_text(json.dumps(error_event(ErrorCode.TOO_MANY_SESSIONS, msg)))
+            await ws.close(CloseCode.TRY_AGAIN_LATER, "too many sessions")
+            return
+        self.sessions += 1
+        core = SessionCore(uuid.uuid4().hex[:16], self.catalog, self.config.limits)
+        runner = SessionRunner(core, self.engine, ws.send_text, ws.send_bytes, self.config.playout)
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                if message.get("text") is not None:
+                    await runner.on_text(message["text"])
+                elif message.get("bytes") is not None:
+                    await runner.on_bytes(message["bytes"])
+        except WebSocketDisconnect:
+            pass
+        except Exception:
+            log.exception("session %s failed", core.session_id)
+        finally:
+            self.sessions -= 1
+            await runner.close()
+
+
+def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Config:
+    return uvicorn.Config(
+        server.app,
+        host=server.config.host,
+        port=server.config.port,
+        loop="uvloop",
+        ws="websockets-sansio",
+        ws_max_size=server.config.hard_max_message_bytes,
+        log_level=log_level,
+        lifespan="off",
+    )
+
+
+async def serve(server: VoiceServer, log_level: str = "info") -> None:
+    server.engine.start()
+    try:
+        await uvicorn.Server(uvicorn_config(server, log_level)).serve()
+    finally:
+        server.engine.stop()
+        await asyncio.sleep(0)

@@ -1,0 +1,172 @@
+"""Runs one session: executes the protocol core's actions with real turns and a paced
+sender. Transport-agnostic: it only needs two coroutines that send text and bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.embedded import EmbeddedEngine
+from ..model.sampling import SamplingParams
+from ..pipeline.turn import ChunkSchedule, OutputFormat, Turn, TurnFailed, TurnSettings
+from ..protocol.errors import ErrorCode
+from ..protocol.messages import Settings
+from ..protocol.session import (
+    Action,
+    AppendText,
+    CancelTurn,
+    EndText,
+    OpenTurn,
+    SendAudio,
+    SendEvent,
+    SessionCore,
+)
+
+log = logging.getLogger(__name__)
+
+FRAME_MS = 20
+
+
+@dataclass(frozen=True)
+class PlayoutConfig:
+    lead_ms: int = 200  # audio sent ahead of real time; small so a cancel is heard at once
+    streaming: bool = True  # False: the naive whole-utterance baseline (benchmarks)
+    schedule: ChunkSchedule = ChunkSchedule()
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        core: SessionCore,
+        engine: EmbeddedEngine,
+        send_text: Callable[[str], Awaitable[None]],
+        send_bytes: Callable[[bytes], Awaitable[None]],
+        playout: PlayoutConfig = PlayoutConfig(),
+    ) -> None:
+        self.core = core
+        self.engine = engine
+        self.playout = playout
+        self._send_text = send_text
+        self._send_bytes = send_bytes
+        self._turns: dict[int, Turn] = {}
+        self._order: asyncio.Queue[int] = asyncio.Queue()
+        self._playing: tuple[int, asyncio.Task[None]] | None = None
+        self._player = asyncio.get_running_loop().create_task(self._play_turns())
+
+    async def on_text(self, data: str) -> None:
+        await self.execute(self.core.receive_text(data))
+
+    async def on_bytes(self, data: bytes) -> None:
+        await self.execute(self.core.receive_bytes(data))
+
+    async def close(self) -> None:
+        self._player.cancel()
+        for turn in self._turns.values():
+            turn.close()
+        self._turns.clear()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._player
+
+    async def execute(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, SendEvent):
+                await self._send_text(json.dumps(action.event))
+            elif isinstance(action, SendAudio):
+                await self._send_bytes(action.data)
+            elif isinstance(action, OpenTurn):
+                turn = Turn(
+                    action.turn_id,
+                    self._turn_settings(action.settings),
+                    self.engine,
+                    schedule=self.playout.schedule,
+                    streaming=self.playout.streaming,
+                )
+                turn.start()
+                self._turns[action.num] = turn
+                self._order.put_nowait(action.num)
+            elif isinstance(action, AppendText):
+                self._turns[action.num].push_text(action.text)
+            elif isinstance(action, EndText):
+                self._turns[action.num].end_text()
+            elif isinstance(action, CancelTurn):
+                self._drop(action.num)
+
+    def _turn_settings(self, s: Settings) -> TurnSettings:
+        sp = s.sampling
+        return TurnSettings(
+            voice=self.engine.model.voices[s.voice],
+            sampling=SamplingParams(sp.temperature, sp.top_k, sp.top_p, sp.seed),
+            speed=s.speed,
+            output=OutputFormat(s.format.codec, s.format.sample_rate, s.format.bitrate),
+        )
+
+    def _drop(self, num: int) -> None:
+        """Stop a turn at once: no further frame of it is sent; its state is discarded."""
+        turn = self._turns.pop(num, None)
+        if turn is not None:
+            turn.close()
+        if self._playing is not None and self._playing[0] == num:
+            self._playing[1].cancel()
+
+    async def _play_turns(self) -> None:
+        while True:
+            num = await self._order.get()
+            turn = self._turns.get(num)
+            if turn is None:  # cancelled while queued
+                continue
+            task = asyncio.get_running_loop().create_task(self._play(num, turn))
+            self._playing = (num, task)
+            await asyncio.wait({task})  # returns when done or cancelled, without raising
+            self._playing = None
+            self._turns.pop(num, None)
+            turn.close()
+
+    async def _play(self, num: int, turn: Turn) -> None:
+        codec = turn.settings.output.codec
+        lead = self.playout.lead_ms / 1000
+        start: float | None = None
+        seq = 0
+        try:
+            while True:
+                item = await turn.output.get()
+                if item is None:
+                    await self.execute(self.core.turn_done(num, self._timings(turn, start)))
+                    return
+                if isinstance(item, TurnFailed):
+                    code = ErrorCode(item.code)
+                    await self.execute(self.core.turn_failed(num, code, str(item)))
+                    return
+                now = time.monotonic()
+                if start is None:
+                    start = now
+                # Pace on an absolute clock: frame k is due at start + k*20ms - lead.
+                delay = start + seq * FRAME_MS / 1000 - lead - now
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                await self.execute(self.core.audio(num, codec, item, FRAME_MS))
+                seq += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a send failed (peer gone) or a bug: end this turn only
+            log.warning("playing turn %s failed: %s", turn.id, exc)
+            with contextlib.suppress(Exception):
+                await self.execute(self.core.turn_failed(num, ErrorCode.INTERNAL_ERROR, str(exc)))
+
+    @staticmethod
+    def _timings(turn: Turn, first_sent: float | None) -> dict[str, Any]:
+        st = turn.stats
+        ttfa = None if first_sent is None else (first_sent - st.created) * 1000
+        return {
+            "ttfa_ms": None if ttfa is None else round(ttfa, 1),
+            "audio_ms": round(st.audio_ms, 1),
+            "rtf": None if st.rtf is None else round(st.rtf, 4),
+            "tokens": st.tokens,
+            "prompt_tokens": st.prompt_tokens,
+            "chunks": st.chunks,
+        }
