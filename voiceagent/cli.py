@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sessions", default="1,8", help="concurrency levels")
     s.add_argument("--turns", type=int, default=3, help="turns per session")
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
     s.set_defaults(func=_bench)
 
     s = sub.add_parser("make-tiny", help="write a random-weight tiny checkpoint directory")

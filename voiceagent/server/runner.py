@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.embedded import EmbeddedEngine
@@ -37,7 +37,7 @@ FRAME_MS = 20
 class PlayoutConfig:
     lead_ms: int = 200  # audio sent ahead of real time; small so a cancel is heard at once
     streaming: bool = True  # False: the naive whole-utterance baseline (benchmarks)
-    schedule: ChunkSchedule = ChunkSchedule()
+    schedule: ChunkSchedule = field(default_factory=ChunkSchedule)
 
 
 class SessionRunner:

@@ -1,0 +1,135 @@
+"""`voiceagent bench`: time to first audio and real-time factor over real WebSocket.
+
+For each concurrency level, that many clients connect to a server on loopback and each
+speaks `--turns` turns. TTFA is measured at the client (speak sent -> first binary frame
+received). RTF is the server's production time over audio time (turn.done timings).
+The same run is repeated against a server in the naive baseline mode (all tokens, then
+all audio, then send), so both numbers come from one machine at one time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import websockets
+
+from .model.checkpoint import SpeechModel
+from .server.app import ServerConfig
+from .server.background import BackgroundServer, free_port
+from .server.runner import PlayoutConfig
+
+TEXTS = (
+    "Thanks for calling. Your order shipped this morning and should arrive on Thursday.",
+    "I can help with that. Could you tell me the last four digits of your card?",
+    "The meeting moved to three thirty, and the room is on the second floor.",
+)
+VOICES = ("agent", "narrator", "supervisor")
+
+
+@dataclass
+class TurnSample:
+    ttfa_ms: float
+    rtf: float
+    audio_ms: float
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    idx = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[idx]
+
+
+async def _client(url: str, index: int, turns: int) -> list[TurnSample]:
+    samples = []
+    async with websockets.connect(url, max_size=None) as ws:
+        voice = VOICES[index % len(VOICES)]
+        await ws.send(
+            json.dumps({"type": "session.start", "voice": voice, "sampling": {"seed": index}})
+        )
+        json.loads(await ws.recv())
+        for t in range(turns):
+            sent = time.perf_counter()
+            await ws.send(json.dumps({"type": "speak", "text": TEXTS[(index + t) % len(TEXTS)]}))
+            first: float | None = None
+            while True:
+                msg = await ws.recv()
+                if isinstance(msg, bytes):
+                    first = first or time.perf_counter()
+                    continue
+                event = json.loads(msg)
+                if event["type"] == "turn.done":
+                    assert first is not None, "turn finished without audio"
+                    timings = event["timings"]
+                    samples.append(
+                        TurnSample((first - sent) * 1000, timings["rtf"], timings["audio_ms"])
+                    )
+                    break
+                if event["type"] == "error":
+                    raise RuntimeError(f"bench turn failed: {event}")
+    return samples
+
+
+async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
+    results = await asyncio.gather(*(_client(url, i, turns) for i in range(sessions)))
+    samples = [s for r in results for s in r]
+    ttfa = [s.ttfa_ms for s in samples]
+    return {
+        "sessions": sessions,
+        "turns": len(samples),
+        "ttfa_ms_p50": round(statistics.median(ttfa), 1),
+        "ttfa_ms_p95": round(_percentile(ttfa, 0.95), 1),
+        "rtf": round(statistics.mean(s.rtf for s in samples), 4),
+        "audio_s_per_turn": round(statistics.mean(s.audio_ms for s in samples) / 1000, 2),
+    }
+
+
+def measure(model: SpeechModel, levels: list[int], turns: int, lead_ms: int) -> dict[str, Any]:
+    report: dict[str, Any] = {"model": model.config.name, "runs": {}}
+    for mode in ("streaming", "baseline"):
+        playout = PlayoutConfig(lead_ms=lead_ms, streaming=mode == "streaming")
+        config = ServerConfig(port=free_port(), playout=playout)
+        with BackgroundServer(model, config) as server:
+            url = server.url
+            asyncio.run(_level(url, 1, 1))  # warm-up: first-call allocations
+            report["runs"][mode] = [asyncio.run(_level(url, n, turns)) for n in levels]
+        # The headline: the highest concurrency level measured.
+        report[mode] = report["runs"][mode][-1]
+    s, b = report["streaming"], report["baseline"]
+    report["ttfa_p50_speedup"] = round(b["ttfa_ms_p50"] / max(s["ttfa_ms_p50"], 1e-6), 1)
+    return report
+
+
+def _table(report: dict[str, Any]) -> str:
+    cols = ("sessions", "turns", "ttfa_ms_p50", "ttfa_ms_p95", "rtf", "audio_s_per_turn")
+    lines = [f"{'mode':<10}" + "".join(f"{c:>18}" for c in cols)]
+    for mode, runs in report["runs"].items():
+        for r in runs:
+            lines.append(f"{mode:<10}" + "".join(f"{r[c]:>18}" for c in cols))
+    lines.append(
+        f"streaming TTFA p50 is {report['ttfa_p50_speedup']}x lower than the baseline "
+        f"at {report['streaming']['sessions']} sessions"
+    )
+    return "\n".join(lines)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from .cli import load_model
+
+    logging.getLogger("voiceagent").setLevel(logging.WARNING)
+    model = load_model(args.model)
+    levels = [int(x) for x in args.sessions.split(",")]
+    report = measure(model, levels, args.turns, args.lead_ms)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(_table(report))
+    sys.stdout.flush()
+    return 0
