@@ -17,7 +17,7 @@ from voiceagent.model.checkpoint import SpeechModel
 from voiceagent.model.flow import PAD_TOKEN
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.stretch import MelStretcher
-from voiceagent.pipeline.turn import ChunkSchedule, OutputFormat, Turn, TurnSettings
+from voiceagent.pipeline.turn import OutputFormat, Turn, TurnSettings
 
 TOL = 1e-5
 
@@ -71,12 +71,11 @@ async def _run_turn(
     seed: int,
     voice: str = "agent",
     speed: float = 1.0,
-    schedule: ChunkSchedule = ChunkSchedule(),
 ) -> Turn:
     settings = TurnSettings(
         engine.model.voices[voice], SamplingParams(seed=seed), speed, OutputFormat("pcm16", 24000)
     )
-    turn = Turn("t", settings, engine, schedule=schedule, record_pcm=True)
+    turn = Turn("t", settings, engine, record_pcm=True)
     turn.start()
     turn.push_text(text)
     turn.end_text()

@@ -107,7 +107,7 @@ def _str(
 def parse(data: str) -> Command:
     try:
         obj = json.loads(data)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: also over-long integers
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object")
@@ -185,7 +185,7 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
     if "format" in changes:
         f = _object(changes["format"], "format", {"codec", "sample_rate", "bitrate"})
         codec = f.get("codec", new.format.codec)
-        if codec not in CODEC_RATES:
+        if not isinstance(codec, str) or codec not in CODEC_RATES:
             raise _invalid(f"'format.codec' must be one of {', '.join(CODEC_RATES)}")
         default_rate = new.format.sample_rate if codec == new.format.codec else DEFAULT_RATES[codec]
         rate = f.get("sample_rate", default_rate)

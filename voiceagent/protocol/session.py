@@ -182,17 +182,21 @@ class SessionCore:
         return [SendEvent({"type": "session.updated", "settings": self.settings.to_dict()})]
 
     def _text(self, cmd: TextDelta) -> list[Action]:
+        # Everything is checked before any state changes: the actions of a half-applied
+        # message would be dropped with its error, leaving the runner out of step.
         actions: list[Action] = []
         turn = self._turns.get(self._open) if self._open is not None else None
-        if turn is not None and cmd.turn_id is not None and cmd.turn_id != turn.turn_id:
-            actions += self._end(turn)  # a new turn id ends the open turn's text
-            turn = None
-        if turn is None:
+        if turn is None or (cmd.turn_id is not None and cmd.turn_id != turn.turn_id):
             if not cmd.text:
                 if cmd.end and cmd.turn_id is None:
                     raise ProtocolError(ErrorCode.NO_OPEN_TURN, "no turn is taking text")
                 if cmd.end:
                     raise ProtocolError(ErrorCode.UNKNOWN_TURN, f"no open turn '{cmd.turn_id}'")
+            else:
+                self._check_new_turn(cmd)
+            if turn is not None:
+                actions += self._end(turn)  # a new turn id ends the open turn's text
+            if not cmd.text:
                 return actions
             turn = self._open_turn(cmd, actions)
         if cmd.voice is not None and cmd.voice != turn.voice:
@@ -211,8 +215,8 @@ class SessionCore:
             actions += self._end(turn)
         return actions
 
-    def _open_turn(self, cmd: TextDelta, actions: list[Action]) -> _Turn:
-        assert self.settings is not None
+    def _check_new_turn(self, cmd: TextDelta) -> None:
+        """Raise the error that opening a turn for `cmd` would meet, before anything changes."""
         if len(self._turns) >= self.limits.max_turns:
             raise ProtocolError(
                 ErrorCode.TURN_QUEUE_FULL,
@@ -221,9 +225,19 @@ class SessionCore:
         turn_id = cmd.turn_id if cmd.turn_id is not None else f"t{self._next_num}"
         if turn_id in self._ids:
             raise ProtocolError(ErrorCode.DUPLICATE_TURN_ID, f"turn id '{turn_id}' was used before")
-        settings = self.settings
         if cmd.voice is not None:
             check_voice(cmd.voice, set(self.catalog.voices))
+        if len(cmd.text) > self.limits.max_text_chars:
+            raise ProtocolError(
+                ErrorCode.TEXT_TOO_LONG,
+                f"turn text would exceed {self.limits.max_text_chars} characters",
+            )
+
+    def _open_turn(self, cmd: TextDelta, actions: list[Action]) -> _Turn:
+        assert self.settings is not None
+        turn_id = cmd.turn_id if cmd.turn_id is not None else f"t{self._next_num}"
+        settings = self.settings
+        if cmd.voice is not None:
             settings = replace(settings, voice=cmd.voice)
         turn = _Turn(self._next_num, turn_id, settings.voice)
         self._next_num += 1
