@@ -117,18 +117,46 @@ def save(model: SpeechModel, directory: Path) -> None:
 
 
 def _load_state(module: torch.nn.Module, path: Path) -> None:
+    """Load a state dict that must match `module` key for key and shape for shape."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged file
         raise CheckpointError(f"{path}: cannot be read as a torch state dict ({exc})") from exc
-    result = module.load_state_dict(state, strict=False)
-    problems = []
-    if result.missing_keys:
-        problems.append(f"missing {sorted(result.missing_keys)[:5]}")
-    if result.unexpected_keys:
-        problems.append(f"unexpected {sorted(result.unexpected_keys)[:5]}")
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}"
+        for k in sorted(set(state) & set(expected))
+        if state[k].shape != expected[k].shape
+    ]
+    problems = [
+        f"{label} ({len(keys)}): {', '.join(keys[:3])}"
+        for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape", wrong))
+        if keys
+    ]
     if problems:
-        raise CheckpointError(f"{path}: keys do not match the model: {'; '.join(problems)}")
+        raise CheckpointError(f"{path}: does not fit the model config: {'; '.join(problems)}")
+    module.load_state_dict(state, strict=True)
+
+
+def _load_voices(path: Path, spk_dim: int) -> dict[str, Voice]:
+    try:
+        spk2info = torch.load(path, map_location="cpu", weights_only=True)
+        voices = {
+            str(name): Voice(
+                name=str(name),
+                prompt_text=str(info["prompt_text"]),
+                prompt_tokens=tuple(int(t) for t in info["speech_token"]),
+                embedding=info["embedding"].float().reshape(spk_dim),
+            )
+            for name, info in spk2info.items()
+        }
+    except Exception as exc:
+        raise CheckpointError(f"{path}: not a valid voice table ({exc})") from exc
+    if not voices:
+        raise CheckpointError(f"{path}: holds no voice")
+    return voices
 
 
 def load(directory: Path, device: str = "cpu") -> SpeechModel:
@@ -143,24 +171,10 @@ def load(directory: Path, device: str = "cpu") -> SpeechModel:
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"{directory / 'config.json'}: invalid ({exc})") from exc
     model = build_random(config)
-    try:
-        _load_state(model.lm, directory / "llm.pt")
-        _load_state(model.flow, directory / "flow.pt")
-        _load_state(model.vocoder, directory / "hift.pt")
-    except RuntimeError as exc:  # shape mismatch
-        if isinstance(exc, CheckpointError):
-            raise
-        raise CheckpointError(f"{directory}: weights do not fit config.json ({exc})") from exc
-    spk2info = torch.load(directory / "spk2info.pt", map_location="cpu", weights_only=True)
-    model.voices = {
-        name: Voice(
-            name=name,
-            prompt_text=str(info["prompt_text"]),
-            prompt_tokens=tuple(int(t) for t in info["speech_token"]),
-            embedding=info["embedding"].float(),
-        )
-        for name, info in spk2info.items()
-    }
+    _load_state(model.lm, directory / "llm.pt")
+    _load_state(model.flow, directory / "flow.pt")
+    _load_state(model.vocoder, directory / "hift.pt")
+    model.voices = _load_voices(directory / "spk2info.pt", config.flow.spk_dim)
     for module in (model.lm, model.flow, model.vocoder):
         module.to(device)
     log.info("loaded model '%s' from %s (%d voices)", config.name, directory, len(model.voices))

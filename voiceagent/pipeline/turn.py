@@ -128,6 +128,11 @@ class Turn:
         for seg in self._segmenter.push(delta):
             self._segments.put_nowait(seg)
 
+    def flush_text(self) -> None:
+        """Start on the buffered text now, although no sentence has ended."""
+        for seg in self._segmenter.flush():
+            self._segments.put_nowait(seg)
+
     def end_text(self) -> None:
         if not self._text_ended:
             self._text_ended = True

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from .errors import ErrorCode, ProtocolError
 
@@ -69,7 +69,7 @@ class TextDelta:
     text: str
     turn_id: str | None
     voice: str | None
-    end: bool  # True for `speak` (whole text) and `text.end`
+    kind: Literal["delta", "flush", "end", "speak"]  # speak = a whole turn's text
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,15 @@ def _str(
     return value
 
 
+_TEXT_KINDS: dict[str, Literal["delta", "flush", "end", "speak"]] = {
+    "text.delta": "delta",
+    "text.flush": "flush",
+    "text.end": "end",
+    "speak": "speak",
+}
+_WITH_TEXT = ("text.delta", "speak")
+
+
 def parse(data: str) -> Command:
     try:
         obj = json.loads(data)
@@ -117,15 +126,19 @@ def parse(data: str) -> Command:
     if kind in ("session.start", "session.update"):
         changes = {k: v for k, v in obj.items() if k != "type"}
         return StartSession(changes) if kind == "session.start" else UpdateSession(changes)
-    if kind in ("text.delta", "speak", "text.end"):
+    if kind in _TEXT_KINDS:
         # Text length is limited per turn by the session (text_too_long), not here.
-        text = "" if kind == "text.end" else _str(obj, "text", required=True, max_len=2**31)
+        text = _str(obj, "text", required=True, max_len=2**31) if kind in _WITH_TEXT else ""
         assert text is not None
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _invalid("'text' holds a lone surrogate (not valid Unicode)") from None
         return TextDelta(
             text=text,
             turn_id=_str(obj, "turn_id"),
             voice=_str(obj, "voice"),
-            end=kind != "text.delta",
+            kind=_TEXT_KINDS[kind],
         )
     if kind == "cancel":
         return Cancel(turn_id=_str(obj, "turn_id"))

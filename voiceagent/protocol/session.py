@@ -77,11 +77,18 @@ class EndText:
 
 
 @dataclass(frozen=True)
+class FlushText:
+    """Synthesize the text buffered so far without waiting for a sentence end."""
+
+    num: int
+
+
+@dataclass(frozen=True)
 class CancelTurn:
     num: int
 
 
-Action = SendEvent | SendAudio | OpenTurn | AppendText | EndText | CancelTurn
+Action = SendEvent | SendAudio | OpenTurn | AppendText | FlushText | EndText | CancelTurn
 
 
 @dataclass
@@ -184,34 +191,44 @@ class SessionCore:
     def _text(self, cmd: TextDelta) -> list[Action]:
         # Everything is checked before any state changes: the actions of a half-applied
         # message would be dropped with its error, leaving the runner out of step.
+        current = self._turns.get(self._open) if self._open is not None else None
+        if cmd.kind in ("flush", "end"):
+            if current is None and cmd.turn_id is None:
+                raise ProtocolError(ErrorCode.NO_OPEN_TURN, "no turn is taking text")
+            if current is None or (cmd.turn_id is not None and cmd.turn_id != current.turn_id):
+                assert cmd.turn_id is not None
+                raise ProtocolError(ErrorCode.UNKNOWN_TURN, f"no open turn '{cmd.turn_id[:64]}'")
+            return self._end(current) if cmd.kind == "end" else [FlushText(current.num)]
+        if cmd.kind == "speak" and not cmd.text.strip():
+            raise ProtocolError(ErrorCode.INVALID_PARAMETER, "'text' is empty")
+        if not cmd.text:
+            return []
+        new_turn = (
+            current is None
+            or cmd.kind == "speak"
+            or (cmd.turn_id is not None and cmd.turn_id != current.turn_id)
+        )
         actions: list[Action] = []
-        turn = self._turns.get(self._open) if self._open is not None else None
-        if turn is None or (cmd.turn_id is not None and cmd.turn_id != turn.turn_id):
-            if not cmd.text:
-                if cmd.end and cmd.turn_id is None:
-                    raise ProtocolError(ErrorCode.NO_OPEN_TURN, "no turn is taking text")
-                if cmd.end:
-                    raise ProtocolError(ErrorCode.UNKNOWN_TURN, f"no open turn '{cmd.turn_id}'")
-            else:
-                self._check_new_turn(cmd)
-            if turn is not None:
-                actions += self._end(turn)  # a new turn id ends the open turn's text
-            if not cmd.text:
-                return actions
+        if new_turn:
+            self._check_new_turn(cmd)
+            if current is not None:
+                actions += self._end(current)  # a new turn ends the open turn's text
             turn = self._open_turn(cmd, actions)
-        if cmd.voice is not None and cmd.voice != turn.voice:
-            raise ProtocolError(
-                ErrorCode.INVALID_PARAMETER, "'voice' can only be chosen when a turn opens"
-            )
-        if turn.chars + len(cmd.text) > self.limits.max_text_chars:
-            raise ProtocolError(
-                ErrorCode.TEXT_TOO_LONG,
-                f"turn text would exceed {self.limits.max_text_chars} characters",
-            )
-        if cmd.text:
-            turn.chars += len(cmd.text)
-            actions.append(AppendText(turn.num, cmd.text))
-        if cmd.end:
+        else:
+            assert current is not None
+            if cmd.voice is not None and cmd.voice != current.voice:
+                raise ProtocolError(
+                    ErrorCode.INVALID_PARAMETER, "'voice' can only be chosen when a turn opens"
+                )
+            if current.chars + len(cmd.text) > self.limits.max_text_chars:
+                raise ProtocolError(
+                    ErrorCode.TEXT_TOO_LONG,
+                    f"turn text would exceed {self.limits.max_text_chars} characters",
+                )
+            turn = current
+        turn.chars += len(cmd.text)
+        actions.append(AppendText(turn.num, cmd.text))
+        if cmd.kind == "speak":
             actions += self._end(turn)
         return actions
 
@@ -222,9 +239,10 @@ class SessionCore:
                 ErrorCode.TURN_QUEUE_FULL,
                 f"{self.limits.max_turns} turns are already queued; wait or cancel",
             )
-        turn_id = cmd.turn_id if cmd.turn_id is not None else f"t{self._next_num}"
-        if turn_id in self._ids:
-            raise ProtocolError(ErrorCode.DUPLICATE_TURN_ID, f"turn id '{turn_id}' was used before")
+        if cmd.turn_id is not None and cmd.turn_id in self._ids:
+            raise ProtocolError(
+                ErrorCode.DUPLICATE_TURN_ID, f"turn id '{cmd.turn_id[:64]}' was used before"
+            )
         if cmd.voice is not None:
             check_voice(cmd.voice, set(self.catalog.voices))
         if len(cmd.text) > self.limits.max_text_chars:
@@ -235,7 +253,7 @@ class SessionCore:
 
     def _open_turn(self, cmd: TextDelta, actions: list[Action]) -> _Turn:
         assert self.settings is not None
-        turn_id = cmd.turn_id if cmd.turn_id is not None else f"t{self._next_num}"
+        turn_id = cmd.turn_id if cmd.turn_id is not None else self._auto_id()
         settings = self.settings
         if cmd.voice is not None:
             settings = replace(settings, voice=cmd.voice)
@@ -253,6 +271,14 @@ class SessionCore:
         }
         actions += [OpenTurn(turn.num, turn_id, settings), SendEvent(started)]
         return turn
+
+    def _auto_id(self) -> str:
+        """`t<number>`, skipping ids the client has already used for its own turns."""
+        turn_id, n = f"t{self._next_num}", 1
+        while turn_id in self._ids:
+            n += 1
+            turn_id = f"t{self._next_num}.{n}"
+        return turn_id
 
     def _end(self, turn: _Turn) -> list[Action]:
         turn.open = False

@@ -22,6 +22,7 @@ from ..protocol.session import (
     AppendText,
     CancelTurn,
     EndText,
+    FlushText,
     OpenTurn,
     SendAudio,
     SendEvent,
@@ -90,10 +91,16 @@ class SessionRunner:
                 turn.start()
                 self._turns[action.num] = turn
                 self._order.put_nowait(action.num)
-            elif isinstance(action, AppendText):
-                self._turns[action.num].push_text(action.text)
-            elif isinstance(action, EndText):
-                self._turns[action.num].end_text()
+            elif isinstance(action, AppendText | FlushText | EndText):
+                target = self._turns.get(action.num)
+                if target is None:  # already finished here (e.g. failed): nothing to feed
+                    continue
+                if isinstance(action, AppendText):
+                    target.push_text(action.text)
+                elif isinstance(action, FlushText):
+                    target.flush_text()
+                else:
+                    target.end_text()
             elif isinstance(action, CancelTurn):
                 self._drop(action.num)
 

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Set up voiceagent on a fresh Debian/Ubuntu machine: system libraries, a virtual
+# environment in .venv, the CPU build of torch, and the package.
+#   bash deploy/setup.sh          # to run the server
+#   bash deploy/setup.sh --test   # also the test and lint tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+extras=""
+[[ "${1:-}" == "--test" ]] && extras="[test]"
+
+sudo=""
+[[ "$(id -u)" != 0 ]] && sudo="sudo"
+if ! ldconfig -p | grep -q libopus.so.0; then
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq libopus0
+fi
+
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+# torch first and pinned: 2.13.0 is the CPU wheel; an unpinned torch would pull CUDA builds.
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".${extras}"
+.venv/bin/python -c "import torch, opuslib, webrtcvad, soxr; print('voiceagent ready, torch', torch.__version__)"

@@ -1,0 +1,136 @@
+"""The command line as a user runs it (subprocesses; real files, a real server)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import wave
+
+import av
+import pytest
+from conftest import Client, connect
+
+from voiceagent.server.background import free_port
+
+CLI = [sys.executable, "-m", "voiceagent.cli"]
+
+
+def test_say_writes_playable_ogg_opus_and_wav(tmp_path, tiny_dir):
+    ogg, wav = tmp_path / "out.ogg", tmp_path / "out.wav"
+    for out in (ogg, wav):
+        subprocess.run(
+            [*CLI, "say", "Hello from the command line.", "-o", str(out), "--model", str(tiny_dir)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    with wave.open(str(wav)) as w:
+        assert w.getframerate() == 24000
+        wav_s = w.getnframes() / 24000
+    with av.open(str(ogg)) as container:
+        assert container.streams.audio[0].codec_context.name == "opus"
+        samples = sum(f.samples for f in container.decode(audio=0))
+    assert wav_s > 0.5
+    assert abs(samples / 48000 - wav_s) < 0.025  # the same utterance, trimmed exactly
+
+
+def test_say_rejects_an_unknown_voice(tmp_path, tiny_dir):
+    proc = subprocess.run(
+        [
+            *CLI,
+            "say",
+            "x",
+            "-o",
+            str(tmp_path / "o.wav"),
+            "--model",
+            str(tiny_dir),
+            "--voice",
+            "nobody",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "unknown voice" in proc.stderr
+
+
+def test_a_broken_model_directory_is_a_clear_error(tmp_path):
+    proc = subprocess.run(
+        [*CLI, "serve", "--model", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "config.json" in proc.stderr and "missing" in proc.stderr
+
+
+def test_serve_without_a_model_serves_tiny_and_says_it_is_noise(tmp_path):
+    port = free_port()
+    env = {**os.environ, "HOME": str(tmp_path)}  # the tiny checkpoint is written under HOME
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    assert json.loads(r.read())["ready"] is True
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "server did not start"
+                time.sleep(0.2)
+
+        async def talk():
+            async with connect(f"ws://127.0.0.1:{port}/v1/ws") as ws:
+                c = Client(ws)
+                created = await c.start()
+                return created, await c.speak("Hi.")
+
+        created, turn = asyncio.run(talk())
+        assert "noise" in created["model"]["warning"]
+        assert turn.frames and turn.event("turn.done")
+        assert (tmp_path / ".cache" / "voiceagent" / "tiny" / "llm.pt").is_file()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=30)[0]
+    assert "random weights" in out and "noise" in out
+
+
+@pytest.mark.timeout(600)
+def test_bench_json_has_the_documented_keys(tiny_dir):
+    proc = subprocess.run(
+        [
+            *CLI,
+            "--log-level",
+            "warning",
+            "bench",
+            "--model",
+            str(tiny_dir),
+            "--sessions",
+            "1,2",
+            "--turns",
+            "1",
+            "--lead-ms",
+            "100000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    report = json.loads(proc.stdout)  # stdout is exactly one JSON object
+    for mode in ("streaming", "baseline"):
+        row = report[mode]
+        assert row["sessions"] == 2
+        assert row["ttfa_ms_p50"] > 0 and row["ttfa_ms_p95"] >= row["ttfa_ms_p50"]
+        assert row["rtf"] > 0
+    assert [r["sessions"] for r in report["runs"]["streaming"]] == [1, 2]
