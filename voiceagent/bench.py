@@ -124,7 +124,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from .cli import load_model
 
     logging.getLogger("voiceagent").setLevel(logging.WARNING)
-    model = load_model(args.model)
+    model = load_model(args.model, args.device)
     levels = [int(x) for x in args.sessions.split(",")]
     report = measure(model, levels, args.turns, args.lead_ms)
     if args.json:

@@ -16,12 +16,14 @@ from .model.checkpoint import CheckpointError, SpeechModel
 log = logging.getLogger("voiceagent")
 
 
-def load_model(path: str | None) -> SpeechModel:
-    if path is None:
-        directory = checkpoint.ensure_tiny()
-        model = checkpoint.load(directory)
-    else:
-        model = checkpoint.load(Path(path))
+def load_model(path: str | None, device: str = "auto") -> SpeechModel:
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    directory = checkpoint.ensure_tiny() if path is None else Path(path)
+    model = checkpoint.load(directory, device=device)
+    log.info("model '%s' on %s", model.config.name, device)
     if model.warning:
         log.warning("%s", model.warning)
     return model
@@ -36,7 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .server.app import ServerConfig, VoiceServer, serve
     from .server.runner import PlayoutConfig
 
-    model = load_model(args.model)
+    model = load_model(args.model, args.device)
     engine = EmbeddedEngine(model, max_batch=args.max_batch, threads=args.threads)
     config = ServerConfig(
         host=args.host,
@@ -64,7 +66,7 @@ def _say(args: argparse.Namespace) -> int:
     from .model.sampling import SamplingParams
     from .pipeline.turn import OutputFormat, Turn, TurnSettings
 
-    model = load_model(args.model)
+    model = load_model(args.model, args.device)
     if args.voice not in model.voices:
         print(
             f"unknown voice '{args.voice}'; available: {', '.join(model.voices)}", file=sys.stderr
@@ -141,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lead-ms", type=int, default=200, help="audio sent ahead of real time")
     s.add_argument("--chunks", default="4,8,16,25", help="tokens per flow chunk, in order")
     s.add_argument("--max-batch", type=int, default=16, help="LM decode batch (KV slots)")
+    s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda if present)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     s.set_defaults(func=_serve)
 
@@ -152,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--speed", type=float, default=1.0)
     s.add_argument("--bitrate", type=int, default=32000)
+    s.add_argument("--device", default="auto")
     s.set_defaults(func=_say)
 
     s = sub.add_parser("bench", help="TTFA and RTF over real WebSocket, streaming vs baseline")
@@ -160,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--turns", type=int, default=3, help="turns per session")
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
+    s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 
     s = sub.add_parser("make-tiny", help="write a random-weight tiny checkpoint directory")

@@ -136,15 +136,16 @@ class AcousticWorker:
         self.batches += 1
         self.batched_chunks += len(jobs)
         look = self.model.config.flow.pre_lookahead
+        dev = self.model.device
         for group in _group(jobs, lambda j: len(j.tokens)):
             if len(group[0].tokens) == look:  # no new tokens: only drain the stretcher
                 for j in group:
                     j.mel = j.stream.stretcher.push(
-                        torch.zeros(self.model.config.flow.mel_bins, 0), j.final
+                        torch.zeros(self.model.config.flow.mel_bins, 0, device=dev), j.final
                     )
                 continue
-            tokens = torch.tensor([j.tokens for j in group])
-            spk = torch.stack([j.stream.voice.embedding for j in group])
+            tokens = torch.tensor([j.tokens for j in group], device=dev)
+            spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)
             state = cat_states([j.stream.flow_state for j in group])
             mel, state = self.model.flow.forward_chunk(tokens, spk, state)
             for j, s, m in zip(group, split_state(state, len(group)), mel, strict=True):
@@ -160,7 +161,7 @@ class AcousticWorker:
             pcm, state = self.model.vocoder.forward_chunk(torch.stack(mels), state)
             for j, s, p in zip(group, split_state(state, len(group)), pcm, strict=True):
                 j.stream.vocoder_state = s
-                self._finish(j, p.numpy().copy())
+                self._finish(j, p.cpu().numpy().copy())
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
         frames: list[bytes] = []

@@ -86,7 +86,7 @@ class EmbeddedLM:
         self.model = model
         self.max_batch = max_batch
         self.max_len = max_len
-        self._pool = KVPool(model.config.lm, max_batch, max_len, torch.device("cpu"))
+        self._pool = KVPool(model.config.lm, max_batch, max_len, model.device)
         self._free = list(range(max_batch))
         self._incoming: queue.Queue[_Request | None] = queue.Queue()
         self._active: list[_Request] = []
@@ -161,27 +161,30 @@ class EmbeddedLM:
             req.slot = self._free.pop()
             prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
             logits = self.model.lm.forward_embeds(
-                prompt, self._pool, torch.tensor([req.slot]), torch.tensor([0])
+                prompt, self._pool, self._ids([req.slot]), self._ids([0])
             )
             req.length = prompt.shape[1]
             self._active.append(req)
-            self._emit(req, logits[0])
+            self._emit(req, logits[0].float().cpu())
 
     def _step(self) -> None:
         self._release(lambda r: r.cancelled)
         if not self._active:
             return
         reqs = list(self._active)
-        tokens = torch.tensor([r.last for r in reqs])
-        slots = torch.tensor([r.slot for r in reqs])
-        start = torch.tensor([r.length for r in reqs])
+        tokens = self._ids([r.last for r in reqs])
+        slots = self._ids([r.slot for r in reqs])
+        start = self._ids([r.length for r in reqs])
         logits = self.model.lm.forward_embeds(
             self.model.lm.embed_speech(tokens), self._pool, slots, start
         )
         self.steps += 1
-        for r, row in zip(reqs, logits, strict=True):
+        for r, row in zip(reqs, logits.float().cpu(), strict=True):
             r.length += 1
             self._emit(r, row)
+
+    def _ids(self, values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.model.device)
 
     def _emit(self, req: _Request, logits: torch.Tensor) -> None:
         tok = sample_token(logits, req.params, req.gen, allow_stop=req.produced >= req.min_len)

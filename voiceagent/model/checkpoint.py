@@ -56,6 +56,10 @@ class SpeechModel:
     tokenizer: TextTokenizer
 
     @property
+    def device(self) -> torch.device:
+        return self.lm.llm_decoder.weight.device
+
+    @property
     def warning(self) -> str | None:
         if self.config.random_weights:
             return (
@@ -68,11 +72,12 @@ class SpeechModel:
         """All tokens of a turn in one flow pass and one vocoder pass (the reference the
         streaming path must equal)."""
         look = self.config.flow.pre_lookahead
-        ids = torch.tensor([[*tokens, *([PAD_TOKEN] * look)]])
-        mel, _ = self.flow.forward_chunk(ids, voice.embedding[None], self.flow.initial_state())
+        ids = torch.tensor([[*tokens, *([PAD_TOKEN] * look)]], device=self.device)
+        spk = voice.embedding[None].to(self.device)
+        mel, _ = self.flow.forward_chunk(ids, spk, self.flow.initial_state())
         mel = MelStretcher(speed).push(mel[0], final=True)[None]
         pcm, _ = self.vocoder.forward_chunk(mel, self.vocoder.initial_state())
-        return pcm[0].numpy()
+        return pcm[0].cpu().numpy()
 
 
 def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechModel:

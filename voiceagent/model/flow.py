@@ -123,13 +123,16 @@ class FlowModel(nn.Module):
         for s in range(self.cfg.n_steps):
             for j, c in enumerate(self._estimator_convs()):
                 state[f"est{s}.{j}"] = c.empty_cache(2)
-        state["frame"] = torch.zeros(1, dtype=torch.long)  # mel frames emitted so far
+        state["frame"] = torch.zeros(
+            1, dtype=torch.long, device=self.rand_noise.device
+        )  # mel frames emitted so far
         return state
 
     # -- compute -------------------------------------------------------------------------
 
     def _noise(self, start_frames: Tensor, n: int) -> Tensor:
-        idx = (start_frames[:, None] + torch.arange(n)[None, :]) % self.cfg.noise_frames
+        steps = torch.arange(n, device=start_frames.device)
+        idx = (start_frames[:, None] + steps[None, :]) % self.cfg.noise_frames
         return self.rand_noise[:, idx].permute(1, 0, 2)  # [b, mel, n]
 
     def encode(self, tokens: Tensor, state: State) -> Tensor:

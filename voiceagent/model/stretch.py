@@ -32,7 +32,7 @@ class MelStretcher:
         pos = j * self.speed
         lo = pos.floor().long()
         hi = (lo + 1).clamp(max=total - 1)
-        frac = (pos - lo.double()).float()
+        frac = (pos - lo.double()).float().to(buf.device)
         a = buf[:, lo - self._buf_start]
         b = buf[:, hi - self._buf_start]
         out = a * (1 - frac) + b * frac

@@ -39,7 +39,7 @@ class Vocoder(nn.Module):
         state = {"pre": self.conv_pre.empty_cache(1)}
         for i, c in enumerate(self._convs()):
             state[f"conv{i}"] = c.empty_cache(1)
-        state["overlap"] = torch.zeros(1, self.cfg.hop)
+        state["overlap"] = torch.zeros(1, self.cfg.hop, device=self.window.device)
         return state
 
     @torch.inference_mode()
