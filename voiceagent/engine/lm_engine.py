@@ -13,7 +13,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -76,8 +76,7 @@ class _Request:
     gen: torch.Generator  # owned by the turn; one turn's requests run one after another
     slot: int = -1
     length: int = 0  # positions in the KV slot
-    produced: int = 0
-    last: int = -1
+    produced: list[int] = field(default_factory=list)
     cancelled: bool = False
 
 
@@ -172,7 +171,7 @@ class EmbeddedLM:
         if not self._active:
             return
         reqs = list(self._active)
-        tokens = self._ids([r.last for r in reqs])
+        tokens = self._ids([r.produced[-1] for r in reqs])
         slots = self._ids([r.slot for r in reqs])
         start = self._ids([r.length for r in reqs])
         logits = self.model.lm.forward_embeds(
@@ -187,15 +186,15 @@ class EmbeddedLM:
         return torch.tensor(values, dtype=torch.long, device=self.model.device)
 
     def _emit(self, req: _Request, logits: torch.Tensor) -> None:
-        tok = sample_token(logits, req.params, req.gen, allow_stop=req.produced >= req.min_len)
+        allow_stop = len(req.produced) >= req.min_len
+        tok = sample_token(logits, req.params, req.gen, allow_stop, req.produced)
         if tok in STOP_TOKENS:
             req.stream.feed(None)
             self._release(lambda r: r is req)
             return
-        req.produced += 1
-        req.last = tok
+        req.produced.append(tok)
         req.stream.feed([tok])
-        if req.produced >= req.max_len:
+        if len(req.produced) >= req.max_len:
             req.stream.feed(None)
             self._release(lambda r: r is req)
 

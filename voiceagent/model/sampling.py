@@ -1,4 +1,10 @@
-"""Token sampling with per-turn seeded generators (reproducible across batch mates)."""
+"""Token sampling with per-turn seeded generators (reproducible across batch mates).
+
+Nucleus sampling (top-k, then top-p) with repetition-aware resampling as CosyVoice2
+uses it: if the sampled token already fills `ras_tau` of the last `ras_window`
+tokens, it is banned and one token is drawn from the full distribution instead. That
+keeps a semantic-token LM from looping on one sound.
+"""
 
 from __future__ import annotations
 
@@ -16,19 +22,36 @@ class SamplingParams:
     top_k: int = 25
     top_p: float = 0.8
     seed: int = 0
+    ras_window: int = 10
+    ras_tau: float = 0.1
 
 
 def sample_token(
-    logits: Tensor, params: SamplingParams, gen: torch.Generator, allow_stop: bool
+    logits: Tensor,
+    params: SamplingParams,
+    gen: torch.Generator,
+    allow_stop: bool,
+    history: list[int] | None = None,
 ) -> int:
     """Sample one speech token from logits [speech_vocab]. Stop tokens are masked
-    until `allow_stop` (the minimum length is reached)."""
+    until `allow_stop` (the minimum length is reached); `history` holds the tokens
+    decoded so far in this request (for repetition-aware sampling)."""
     logits = logits.float().clone()
     if not allow_stop:
         logits[SPEECH_CODES:] = float("-inf")
     if params.temperature <= 0:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
+    token = _nucleus(logits, params, gen)
+    recent = (history or [])[-params.ras_window :]
+    if params.ras_window > 0 and recent.count(token) >= params.ras_window * params.ras_tau:
+        logits[token] = float("-inf")
+        token = int(torch.multinomial(torch.softmax(logits, dim=0), 1, generator=gen))
+    return token
+
+
+def _nucleus(logits: Tensor, params: SamplingParams, gen: torch.Generator) -> int:
+    logits = logits.clone()
     if 0 < params.top_k < logits.numel():
         kth = torch.topk(logits, params.top_k).values[-1]
         logits[logits < kth] = float("-inf")
@@ -36,7 +59,7 @@ def sample_token(
     if params.top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         cum = torch.cumsum(sorted_p, dim=0)
-        drop = cum - sorted_p > params.top_p  # keep the smallest prefix reaching top_p
+        drop = cum - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
         sorted_p[drop] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     return int(torch.multinomial(probs, 1, generator=gen))
