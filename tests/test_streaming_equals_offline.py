@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from voiceagent.engine.embedded import EmbeddedEngine
-from voiceagent.model.checkpoint import SpeechModel
 from voiceagent.model.flow import PAD_TOKEN
 from voiceagent.model.sampling import SamplingParams
+from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.stretch import MelStretcher
 from voiceagent.pipeline.turn import OutputFormat, Turn, TurnSettings
 
@@ -25,8 +25,8 @@ TOL = 1e-5
 def stream_tokens(model: SpeechModel, tokens: list[int], sizes: list[int], speed: float):
     """Feed `tokens` chunk by chunk (each with its lookahead) through flow and vocoder."""
     voice = model.voices["agent"]
-    look = model.config.flow.pre_lookahead
-    flow_state, voc_state = model.flow.initial_state(), model.vocoder.initial_state()
+    look = model.pre_lookahead
+    flow_state, voc_state = model.flow.initial_state(voice), model.vocoder.initial_state()
     stretcher = MelStretcher(speed)
     out, i, k = [], 0, 0
     while i < len(tokens):
@@ -37,7 +37,7 @@ def stream_tokens(model: SpeechModel, tokens: list[int], sizes: list[int], speed
         ids = torch.tensor([chunk + ahead + [PAD_TOKEN] * (look - len(ahead))])
         mel, flow_state = model.flow.forward_chunk(ids, voice.embedding[None], flow_state)
         mel = stretcher.push(mel[0], final=i >= len(tokens))[None]
-        pcm, voc_state = model.vocoder.forward_chunk(mel, voc_state)
+        pcm, voc_state = model.vocoder.forward_chunk(mel, voc_state, final=i >= len(tokens))
         out.append(pcm[0].numpy())
     return np.concatenate(out)
 
@@ -56,10 +56,10 @@ def test_chunked_stages_equal_one_offline_pass(tiny_model, sizes, speed):
 def test_streaming_state_has_constant_size(tiny_model):
     """Chunk cost does not grow with position: the carried state never grows."""
     voice = tiny_model.voices["agent"]
-    state = tiny_model.flow.initial_state()
+    state = tiny_model.flow.initial_state(voice)
     shapes = {k: v.shape for k, v in state.items()}
     for _ in range(20):
-        ids = torch.randint(0, 6561, (1, 8 + tiny_model.config.flow.pre_lookahead))
+        ids = torch.randint(0, 6561, (1, 8 + tiny_model.pre_lookahead))
         _, state = tiny_model.flow.forward_chunk(ids, voice.embedding[None], state)
     assert {k: v.shape for k, v in state.items()} == shapes
     assert int(state["frame"]) == 20 * 8 * 2

@@ -21,7 +21,7 @@ from typing import Any
 
 import websockets
 
-from .model.checkpoint import SpeechModel
+from .model.speech_model import SpeechModel
 from .server.app import ServerConfig
 from .server.background import BackgroundServer, free_port
 from .server.runner import PlayoutConfig
@@ -92,7 +92,7 @@ async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
 
 
 def measure(model: SpeechModel, levels: list[int], turns: int, lead_ms: int) -> dict[str, Any]:
-    report: dict[str, Any] = {"model": model.config.name, "runs": {}}
+    report: dict[str, Any] = {"model": model.name, "runs": {}}
     for mode in ("streaming", "baseline"):
         playout = PlayoutConfig(lead_ms=lead_ms, streaming=mode == "streaming")
         config = ServerConfig(port=free_port(), playout=playout)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from .model import checkpoint
-from .model.checkpoint import CheckpointError, SpeechModel
+from .model.checkpoint import CheckpointError
+from .model.speech_model import SpeechModel
 
 log = logging.getLogger("voiceagent")
 
@@ -23,7 +24,7 @@ def load_model(path: str | None, device: str = "auto") -> SpeechModel:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     directory = checkpoint.ensure_tiny() if path is None else Path(path)
     model = checkpoint.load(directory, device=device)
-    log.info("model '%s' on %s", model.config.name, device)
+    log.info("model '%s' on %s", model.name, device)
     if model.warning:
         log.warning("%s", model.warning)
     return model

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..audio.encoders import FrameEncoder
-from ..model.checkpoint import SpeechModel, Voice
+from ..model.speech_model import SpeechModel, Voice
 from ..model.streaming import State, cat_states, split_state
 from ..model.stretch import MelStretcher
 
@@ -79,7 +79,7 @@ class AcousticWorker:
     ) -> AcousticStream:
         return AcousticStream(
             voice=voice,
-            flow_state=self.model.flow.initial_state(),
+            flow_state=self.model.flow.initial_state(voice),
             vocoder_state=self.model.vocoder.initial_state(),
             stretcher=MelStretcher(speed),
             encoder=encoder,
@@ -135,13 +135,13 @@ class AcousticWorker:
     def _process(self, jobs: list[_Job]) -> None:
         self.batches += 1
         self.batched_chunks += len(jobs)
-        look = self.model.config.flow.pre_lookahead
+        look = self.model.pre_lookahead
         dev = self.model.device
         for group in _group(jobs, lambda j: len(j.tokens)):
             if len(group[0].tokens) == look:  # no new tokens: only drain the stretcher
                 for j in group:
                     j.mel = j.stream.stretcher.push(
-                        torch.zeros(self.model.config.flow.mel_bins, 0, device=dev), j.final
+                        torch.zeros(self.model.mel_bins, 0, device=dev), j.final
                     )
                 continue
             tokens = torch.tensor([j.tokens for j in group], device=dev)
@@ -151,14 +151,10 @@ class AcousticWorker:
             for j, s, m in zip(group, split_state(state, len(group)), mel, strict=True):
                 j.stream.flow_state = s
                 j.mel = j.stream.stretcher.push(m, j.final)
-        for group in _group(jobs, lambda j: j.mel.shape[1] if j.mel is not None else 0):
+        for group in _group(jobs, lambda j: (j.mel.shape[1] if j.mel is not None else 0, j.final)):
             mels = [j.mel for j in group if j.mel is not None]
-            if mels[0].shape[1] == 0:  # a fast speed can leave a small chunk without frames
-                for j in group:
-                    self._finish(j, np.zeros(0, dtype=np.float32))
-                continue
             state = cat_states([j.stream.vocoder_state for j in group])
-            pcm, state = self.model.vocoder.forward_chunk(torch.stack(mels), state)
+            pcm, state = self.model.vocoder.forward_chunk(torch.stack(mels), state, group[0].final)
             for j, s, p in zip(group, split_state(state, len(group)), pcm, strict=True):
                 j.stream.vocoder_state = s
                 self._finish(j, p.cpu().numpy().copy())
@@ -172,8 +168,8 @@ class AcousticWorker:
         job.done(ChunkResult(audio, frames, (time.perf_counter() - job.t0) * 1000))
 
 
-def _group(jobs: list[_Job], key: Callable[[_Job], int]) -> list[list[_Job]]:
-    groups: dict[int, list[_Job]] = defaultdict(list)
+def _group(jobs: list[_Job], key: Callable[[_Job], object]) -> list[list[_Job]]:
+    groups: dict[object, list[_Job]] = defaultdict(list)
     for j in jobs:
         groups[key(j)].append(j)
     return list(groups.values())

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.checkpoint import SpeechModel, Voice
 from ..model.config import STOP_TOKENS
 from ..model.lm import KVPool
 from ..model.sampling import SamplingParams, sample_token
+from ..model.speech_model import SpeechModel, Voice
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class EmbeddedLM:
         self.model = model
         self.max_batch = max_batch
         self.max_len = max_len
-        self._pool = KVPool(model.config.lm, max_batch, max_len, model.device)
+        self._pool = KVPool(model.lm.cfg, max_batch, max_len, model.device)
         self._free = list(range(max_batch))
         self._incoming: queue.Queue[_Request | None] = queue.Queue()
         self._active: list[_Request] = []

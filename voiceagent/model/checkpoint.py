@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ..text.tokenizer import ByteTokenizer, TextTokenizer
+from ..text.tokenizer import ByteTokenizer
 from .config import SPEECH_CODES, ModelConfig
-from .flow import PAD_TOKEN, FlowModel
+from .flow import FlowModel
 from .lm import SpeechLM
-from .stretch import MelStretcher
+from .speech_model import SpeechModel, Voice
 from .vocoder import Vocoder
 
 log = logging.getLogger(__name__)
@@ -34,50 +32,6 @@ BUILTIN_VOICES = ("agent", "narrator", "supervisor")
 
 class CheckpointError(RuntimeError):
     """A model directory is missing a file or holds one that does not fit."""
-
-
-@dataclass(frozen=True)
-class Voice:
-    """A role: the prompt the LM continues from and the speaker vector the flow uses."""
-
-    name: str
-    prompt_text: str
-    prompt_tokens: tuple[int, ...]
-    embedding: torch.Tensor  # [spk_dim]
-
-
-@dataclass
-class SpeechModel:
-    config: ModelConfig
-    lm: SpeechLM
-    flow: FlowModel
-    vocoder: Vocoder
-    voices: dict[str, Voice]
-    tokenizer: TextTokenizer
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm.llm_decoder.weight.device
-
-    @property
-    def warning(self) -> str | None:
-        if self.config.random_weights:
-            return (
-                f"model '{self.config.name}' has random weights: audio will be noise "
-                "until a real model directory is given (--model)"
-            )
-        return None
-
-    def synthesize_offline(self, tokens: list[int], voice: Voice, speed: float = 1.0) -> np.ndarray:
-        """All tokens of a turn in one flow pass and one vocoder pass (the reference the
-        streaming path must equal)."""
-        look = self.config.flow.pre_lookahead
-        ids = torch.tensor([[*tokens, *([PAD_TOKEN] * look)]], device=self.device)
-        spk = voice.embedding[None].to(self.device)
-        mel, _ = self.flow.forward_chunk(ids, spk, self.flow.initial_state())
-        mel = MelStretcher(speed).push(mel[0], final=True)[None]
-        pcm, _ = self.vocoder.forward_chunk(mel, self.vocoder.initial_state())
-        return pcm[0].cpu().numpy()
 
 
 def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechModel:
@@ -95,18 +49,25 @@ def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechMode
             embedding=torch.randn(config.flow.spk_dim, generator=gen),
         )
     return SpeechModel(
-        config=config,
+        name=config.name,
+        random_weights=config.random_weights,
         lm=SpeechLM(config.lm).eval(),
         flow=FlowModel(config.flow).eval(),
         vocoder=Vocoder(config.vocoder).eval(),
         voices=voices,
         tokenizer=ByteTokenizer(),
+        pre_lookahead=config.flow.pre_lookahead,
+        mel_bins=config.flow.mel_bins,
+        token_ratio=(config.lm.min_tokens_per_text_token, config.lm.max_tokens_per_text_token),
+        spec=config,
     )
 
 
 def save(model: SpeechModel, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2))
+    if not isinstance(model.spec, ModelConfig):
+        raise TypeError("only models built from a ModelConfig can be saved in this layout")
+    (directory / "config.json").write_text(json.dumps(model.spec.to_dict(), indent=2))
     torch.save(model.lm.state_dict(), directory / "llm.pt")
     torch.save(model.flow.state_dict(), directory / "flow.pt")
     torch.save(model.vocoder.state_dict(), directory / "hift.pt")

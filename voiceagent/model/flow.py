@@ -17,9 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import SPEECH_CODES, FlowConfig
+from .flow_pad import PAD_TOKEN
+from .speech_model import FlowStage, Voice
 from .streaming import CausalConv1d, State
 
-PAD_TOKEN = -1  # a lookahead position past the end of the turn (embeds to zeros)
+__all__ = ["PAD_TOKEN", "FlowModel"]
 
 
 class ResBlock(nn.Module):
@@ -84,7 +86,7 @@ class PreLookahead(nn.Module):
         return x[:, :, :n] + y, cache
 
 
-class FlowModel(nn.Module):
+class FlowModel(FlowStage):
     rand_noise: Tensor
 
     def __init__(self, cfg: FlowConfig) -> None:
@@ -117,8 +119,9 @@ class FlowModel(nn.Module):
     def _estimator_convs(self) -> list[CausalConv1d]:
         return [self.estimator.inp, *(b.conv for b in cast(list[ResBlock], self.estimator.blocks))]
 
-    def initial_state(self) -> State:
-        """Per-turn state for one session; CFG caches have 2 rows (cond, uncond)."""
+    def initial_state(self, voice: Voice | None = None) -> State:
+        """Per-turn state for one session; CFG caches have 2 rows (cond, uncond). The
+        tiny flow has no prompt conditioning, so the voice does not enter."""
         state = {f"enc{i}": c.empty_cache(1) for i, c in enumerate(self._encoder_convs())}
         for s in range(self.cfg.n_steps):
             for j, c in enumerate(self._estimator_convs()):

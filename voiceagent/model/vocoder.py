@@ -15,10 +15,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import VocoderConfig
+from .speech_model import VocoderStage
 from .streaming import CausalConv1d, State
 
 
-class Vocoder(nn.Module):
+class Vocoder(VocoderStage):
     window: Tensor
 
     def __init__(self, cfg: VocoderConfig) -> None:
@@ -43,8 +44,11 @@ class Vocoder(nn.Module):
         return state
 
     @torch.inference_mode()
-    def forward_chunk(self, mel: Tensor, state: State) -> tuple[Tensor, State]:
-        """mel [b, mel, m] -> pcm [b, m * hop] in [-1, 1], and the new state."""
+    def forward_chunk(self, mel: Tensor, state: State, final: bool = False) -> tuple[Tensor, State]:
+        """mel [b, mel, m] -> pcm [b, m * hop] in [-1, 1], and the new state. Nothing is
+        held back, so `final` changes nothing."""
+        if mel.shape[2] == 0:  # e.g. a final flush: nothing is held back here
+            return mel.new_zeros(mel.shape[0], 0), state
         state = dict(state)
         hop = self.cfg.hop
         h, state["pre"] = self.conv_pre.step(mel, state["pre"])

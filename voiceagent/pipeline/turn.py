@@ -19,9 +19,9 @@ from ..audio.encoders import make_encoder
 from ..engine.acoustic import AcousticStream, ChunkResult
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import TokenStream
-from ..model.checkpoint import Voice
 from ..model.flow import PAD_TOKEN
 from ..model.sampling import SamplingParams
+from ..model.speech_model import Voice
 from ..text.segmenter import Segmenter, SegmenterConfig
 
 log = logging.getLogger(__name__)
@@ -180,16 +180,16 @@ class Turn:
             self.output.put_nowait(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
 
     async def _tokens_of(self, segment: str) -> TokenStream:
-        cfg = self.engine.model.config.lm
         text_ids = self.engine.model.tokenizer.encode(segment)
         n = len(text_ids)
+        lo, hi = self.engine.model.token_ratio
         self._lm = self.engine.lm.generate(
             text_ids,
             self.settings.voice,
             self.settings.sampling,
             self._gen,
-            min_len=int(n * cfg.min_tokens_per_text_token),
-            max_len=max(1, int(n * cfg.max_tokens_per_text_token)),
+            min_len=int(n * lo),
+            max_len=max(1, int(n * hi)),
         )
         self.stats.prompt_tokens += self._lm.prompt_tokens
         if self.stats.synth_start is None:
@@ -197,7 +197,7 @@ class Turn:
         return self._lm
 
     async def _run_streaming(self) -> None:
-        look = self.engine.model.config.flow.pre_lookahead
+        look = self.engine.model.pre_lookahead
         final = False
         while (segment := await self._segments.get()) is not None:
             pending: list[int] = []
@@ -216,7 +216,7 @@ class Turn:
 
     async def _run_whole(self) -> None:
         """Naive baseline: all tokens first, then all audio (for benchmarks)."""
-        look = self.engine.model.config.flow.pre_lookahead
+        look = self.engine.model.pre_lookahead
         while (segment := await self._segments.get()) is not None:
             async for new in await self._tokens_of(segment):
                 self.tokens += new

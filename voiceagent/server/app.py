@@ -49,8 +49,8 @@ class VoiceServer:
         self.catalog = Catalog(
             voices=tuple(model.voices),
             model={
-                "name": model.config.name,
-                "random_weights": model.config.random_weights,
+                "name": model.name,
+                "random_weights": model.random_weights,
                 "warning": model.warning,
                 "engine": engine.name,
             },

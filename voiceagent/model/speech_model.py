@@ -1,0 +1,96 @@
+"""What the engine needs of a speech model: three streaming stages, voices, a tokenizer.
+
+A stage's streaming state is a `dict[str, Tensor]` whose tensors have the session as
+dim 0 (see streaming.py), so chunks of several turns can run as one batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..text.tokenizer import TextTokenizer
+from .flow_pad import PAD_TOKEN
+from .lm import SpeechLM
+from .streaming import State
+from .stretch import MelStretcher
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A role: the prompt the LM continues from and the speaker conditioning of the flow."""
+
+    name: str
+    prompt_text: str
+    prompt_tokens: tuple[int, ...]
+    embedding: Tensor  # speaker vector of the flow, [spk_dim]
+    prompt_mel: Tensor | None = None  # [frames, 80] mel of the prompt audio, if the model uses it
+
+
+class FlowStage(nn.Module):
+    """Speech tokens -> mel, chunk by chunk."""
+
+    def initial_state(self, voice: Voice) -> State:
+        """Per-turn state of one session, primed with the voice's prompt if the model
+        uses one."""
+        raise NotImplementedError
+
+    def forward_chunk(self, tokens: Tensor, spk: Tensor, state: State) -> tuple[Tensor, State]:
+        """tokens [b, n + lookahead] (PAD_TOKEN past the end) -> mel [b, bins, frames] and
+        the new state (the input state is not mutated)."""
+        raise NotImplementedError
+
+
+class VocoderStage(nn.Module):
+    """Mel -> 24 kHz PCM, chunk by chunk."""
+
+    def initial_state(self) -> State:
+        raise NotImplementedError
+
+    def forward_chunk(self, mel: Tensor, state: State, final: bool) -> tuple[Tensor, State]:
+        """mel [b, bins, m] -> pcm [b, samples]; `final` flushes audio held back for
+        right context. The input state is not mutated."""
+        raise NotImplementedError
+
+
+@dataclass
+class SpeechModel:
+    name: str
+    random_weights: bool  # True: audio is noise; said in logs and session.created
+    lm: SpeechLM
+    flow: FlowStage
+    vocoder: VocoderStage
+    voices: dict[str, Voice]
+    tokenizer: TextTokenizer
+    pre_lookahead: int  # future tokens the flow reads per chunk
+    mel_bins: int
+    token_ratio: tuple[float, float]  # min, max speech tokens per text token of a segment
+    spec: Any = None  # the configuration the model was built from (for saving)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.llm_decoder.weight.device
+
+    @property
+    def warning(self) -> str | None:
+        if self.random_weights:
+            return (
+                f"model '{self.name}' has random weights: audio will be noise "
+                "until a real model directory is given (--model)"
+            )
+        return None
+
+    @torch.inference_mode()
+    def synthesize_offline(self, tokens: list[int], voice: Voice, speed: float = 1.0) -> np.ndarray:
+        """All tokens of a turn in one flow pass and one vocoder pass (the reference the
+        streaming path must equal)."""
+        ids = torch.tensor([[*tokens, *([PAD_TOKEN] * self.pre_lookahead)]], device=self.device)
+        spk = voice.embedding[None].to(self.device)
+        mel, _ = self.flow.forward_chunk(ids, spk, self.flow.initial_state(voice))
+        mel = MelStretcher(speed).push(mel[0], final=True)[None]
+        pcm, _ = self.vocoder.forward_chunk(mel, self.vocoder.initial_state(), final=True)
+        return pcm[0].cpu().numpy()
