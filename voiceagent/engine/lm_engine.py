@@ -117,7 +117,7 @@ class EmbeddedLM:
         max_len: int,
     ) -> TokenStream:
         loop = asyncio.get_running_loop()
-        prompt_ids = self.model.tokenizer.encode(voice.prompt_text) + text_ids
+        prompt_ids = list(voice.prompt_text_ids) + text_ids
         speech_ids = list(voice.prompt_tokens)
         prompt_len = len(prompt_ids) + len(speech_ids) + 2  # + sos, task_id
         if prompt_len + max_len > self.max_len:

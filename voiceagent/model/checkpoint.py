@@ -6,7 +6,7 @@ Directory layout (file names as in a CosyVoice2 release, so tools find what they
     llm.pt        SpeechLM state dict
     flow.pt       FlowModel state dict
     hift.pt       Vocoder state dict
-    spk2info.pt   {voice name: {"prompt_text", "speech_token", "embedding"}}
+    spk2info.pt   {voice name: {"prompt_text" (ids), "speech_token", "embedding"}}
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechMode
         tokens = torch.randint(0, SPEECH_CODES, (8 + 2 * i,), generator=gen)
         voices[name] = Voice(
             name=name,
-            prompt_text=f"This is the {name} speaking.",
+            prompt_text_ids=tuple(ByteTokenizer().encode(f"This is the {name} speaking.")),
             prompt_tokens=tuple(int(t) for t in tokens),
             embedding=torch.randn(config.flow.spk_dim, generator=gen),
         )
@@ -73,7 +73,7 @@ def save(model: SpeechModel, directory: Path) -> None:
     torch.save(model.vocoder.state_dict(), directory / "hift.pt")
     spk2info = {
         v.name: {
-            "prompt_text": v.prompt_text,
+            "prompt_text": torch.tensor(v.prompt_text_ids, dtype=torch.long),
             "speech_token": torch.tensor(v.prompt_tokens, dtype=torch.long),
             "embedding": v.embedding,
         }
@@ -112,7 +112,7 @@ def _load_voices(path: Path, spk_dim: int) -> dict[str, Voice]:
         voices = {
             str(name): Voice(
                 name=str(name),
-                prompt_text=str(info["prompt_text"]),
+                prompt_text_ids=tuple(int(t) for t in info["prompt_text"]),
                 prompt_tokens=tuple(int(t) for t in info["speech_token"]),
                 embedding=info["embedding"].float().reshape(spk_dim),
             )
@@ -147,8 +147,11 @@ def load(directory: Path, device: str = "cpu") -> SpeechModel:
     return model
 
 
+TINY_LAYOUT = 2  # bump when the tiny checkpoint's files change, so old caches are not read
+
+
 def default_tiny_dir() -> Path:
-    return Path.home() / ".cache" / "voiceagent" / "tiny"
+    return Path.home() / ".cache" / "voiceagent" / f"tiny-v{TINY_LAYOUT}"
 
 
 def ensure_tiny(directory: Path | None = None) -> Path:

@@ -25,8 +25,8 @@ class Voice:
     """A role: the prompt the LM continues from and the speaker conditioning of the flow."""
 
     name: str
-    prompt_text: str
-    prompt_tokens: tuple[int, ...]
+    prompt_text_ids: tuple[int, ...]  # the transcript of the prompt audio, as text tokens
+    prompt_tokens: tuple[int, ...]  # speech tokens of the prompt audio
     embedding: Tensor  # speaker vector of the flow, [spk_dim]
     prompt_mel: Tensor | None = None  # [frames, 80] mel of the prompt audio, if the model uses it
 
