@@ -774,6 +774,7 @@ INVALID_SETTINGS: list[dict[str, Any]] = [
     {"format": {"codec": ["opus"]}},
     {"format": {"codec": {"name": "opus"}}},
     {"format": {"codec": "pcm16", "sample_rate": 44100}},
+    {"format": {"codec": "pcm16", "sample_rate": 16000.0}},
     {"format": {"codec": "pcm16", "sample_rate": "24000"}},
     {"format": {"codec": "opus", "sample_rate": 24000}},
     {"format": {"codec": "mulaw", "sample_rate": 16000}},

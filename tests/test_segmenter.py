@@ -48,3 +48,7 @@ def test_long_text_without_marks_is_cut_at_a_space():
 
 def test_nothing_is_emitted_for_whitespace():
     assert feed(["   ", "\n "]) == []
+
+
+def test_a_newline_ends_a_sentence():
+    assert feed(["Ok\nNext line"]) == ["Ok", "Next line"]

@@ -73,6 +73,9 @@ def _say(args: argparse.Namespace) -> int:
             f"unknown voice '{args.voice}'; available: {', '.join(model.voices)}", file=sys.stderr
         )
         return 2
+    if not 0.5 <= args.speed <= 2.0 or not 6000 <= args.bitrate <= 510000:
+        print("--speed must be in 0.5..2.0 and --bitrate in 6000..510000", file=sys.stderr)
+        return 2
     out = Path(args.output)
     if out.suffix not in (".ogg", ".opus", ".wav"):
         print("output must end in .ogg, .opus or .wav", file=sys.stderr)

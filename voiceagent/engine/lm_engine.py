@@ -120,8 +120,11 @@ class EmbeddedLM:
         prompt_ids = list(voice.prompt_text_ids) + text_ids
         speech_ids = list(voice.prompt_tokens)
         prompt_len = len(prompt_ids) + len(speech_ids) + 2  # + sos, task_id
-        if prompt_len + max_len > self.max_len:
-            raise EngineError(f"prompt of {prompt_len} + {max_len} tokens exceeds the KV length")
+        # A segment's speech may not outgrow its KV slot: cap its length there.
+        max_len = min(max_len, self.max_len - prompt_len)
+        min_len = min(min_len, max_len)
+        if max_len < 1:
+            raise EngineError(f"a prompt of {prompt_len} tokens leaves no room in the KV slot")
         req: _Request
         stream = TokenStream(loop, lambda: setattr(req, "cancelled", True))
         stream.prompt_tokens = prompt_len

@@ -22,6 +22,7 @@ from ..engine.lm_engine import TokenStream
 from ..model.flow import PAD_TOKEN
 from ..model.sampling import SamplingParams
 from ..model.speech_model import Voice
+from ..text.normalize import normalize
 from ..text.segmenter import Segmenter, SegmenterConfig
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ class TurnSettings:
     sampling: SamplingParams
     speed: float = 1.0
     output: OutputFormat = OutputFormat()
+    language: str = "auto"  # picks the text normalization (numbers, symbols)
 
 
 @dataclass
@@ -163,11 +165,11 @@ class Turn:
 
     async def _run(self) -> None:
         s = self.settings
-        encoder = make_encoder(
-            s.output.codec, sample_rate=s.output.sample_rate, bitrate=s.output.bitrate
-        )
-        self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, encoder)
         try:
+            encoder = make_encoder(
+                s.output.codec, sample_rate=s.output.sample_rate, bitrate=s.output.bitrate
+            )
+            self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, encoder)
             if self.streaming:
                 await self._run_streaming()
             else:
@@ -180,7 +182,7 @@ class Turn:
             self.output.put_nowait(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
 
     async def _tokens_of(self, segment: str) -> TokenStream:
-        text_ids = self.engine.model.tokenizer.encode(segment)
+        text_ids = self.engine.model.tokenizer.encode(normalize(segment, self.settings.language))
         n = len(text_ids)
         lo, hi = self.engine.model.token_ratio
         self._lm = self.engine.lm.generate(

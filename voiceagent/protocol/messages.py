@@ -202,7 +202,7 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
             raise _invalid(f"'format.codec' must be one of {', '.join(CODEC_RATES)}")
         default_rate = new.format.sample_rate if codec == new.format.codec else DEFAULT_RATES[codec]
         rate = f.get("sample_rate", default_rate)
-        if rate not in CODEC_RATES[codec]:
+        if isinstance(rate, bool) or not isinstance(rate, int) or rate not in CODEC_RATES[codec]:
             rates = ", ".join(map(str, CODEC_RATES[codec]))
             raise _invalid(f"'format.sample_rate' for {codec} must be one of {rates}")
         bitrate = _number(

@@ -73,6 +73,7 @@ class VoiceServer:
                 "model": self.catalog.model["name"],
                 "sessions": self.sessions,
                 "max_sessions": self.config.max_sessions,
+                "random_weights": self.catalog.model["random_weights"],
                 "lm_load": self.engine.lm.load,
             }
         )
@@ -117,6 +118,7 @@ def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Conf
         ws="websockets-sansio",
         ws_max_size=server.config.hard_max_message_bytes,
         log_level=log_level,
+        access_log=False,  # one line per request on stdout is noise for a WebSocket server
         lifespan="off",
     )
 

@@ -111,6 +111,7 @@ class SessionRunner:
             sampling=SamplingParams(sp.temperature, sp.top_k, sp.top_p, sp.seed),
             speed=s.speed,
             output=OutputFormat(s.format.codec, s.format.sample_rate, s.format.bitrate),
+            language=s.language,
         )
 
     def _drop(self, num: int) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SENTENCE_END = ".!?;…\n"
-CJK_SENTENCE_END = "。！？；"
+SENTENCE_END = ".!?;…"
+CJK_SENTENCE_END = "。！？；\n"  # marks that end a sentence without a following space
 CLAUSE = ",:—"
 CJK_CLAUSE = "，、："
 
