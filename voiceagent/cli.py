@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
             lead_ms=args.lead_ms,
             schedule=ChunkSchedule(tuple(int(x) for x in args.chunks.split(","))),
         ),
+        voices_dir=voices_dir(args),
     )
     log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
     uvloop.run(serve(VoiceServer(engine, config), args.log_level))
@@ -119,6 +120,50 @@ def _say(args: argparse.Namespace) -> int:
     return 0
 
 
+def voices_dir(args: argparse.Namespace) -> Path:
+    """Where `voice add` writes and `serve` reads added voices."""
+    if args.voices:
+        return Path(args.voices)
+    base = Path(args.model) if args.model else checkpoint.default_tiny_dir()
+    return base / "voices"
+
+
+def _voice_add(args: argparse.Namespace) -> int:
+    from .model.cosyvoice2.prompt_frontend import PromptFrontend
+    from .model.speech_model import Voice
+    from .model.voice_store import check_name, save_voice
+
+    try:
+        check_name(args.name)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if not args.model:
+        print("error: voice add needs --model (a CosyVoice2 directory)", file=sys.stderr)
+        return 2
+    model_dir = Path(args.model)
+    model = load_model(args.model, "cpu")
+    onnx = [model_dir / "campplus.onnx", model_dir / "speech_tokenizer_v2.onnx"]
+    missing = [str(p) for p in onnx if not p.is_file()]
+    if missing:
+        print(
+            f"error: this model has no prompt frontend files: {', '.join(missing)}", file=sys.stderr
+        )
+        return 2
+    frontend = PromptFrontend(onnx[0], onnx[1])
+    try:
+        prompt = frontend.make_prompt(Path(args.audio), model.tokenizer.encode(args.text))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    voice = Voice(name=args.name, **prompt)
+    model.check_voice(voice)
+    path = save_voice(voices_dir(args), voice, args.text)
+    seconds = len(voice.prompt_tokens) / 25
+    print(f"voice '{args.name}' saved to {path} ({seconds:.1f} s of prompt)")
+    return 0
+
+
 def _make_tiny(args: argparse.Namespace) -> int:
     checkpoint.save(checkpoint.build_random(seed=args.seed), Path(args.directory))
     print(f"wrote a random-weight tiny checkpoint to {args.directory}")
@@ -148,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--chunks", default="4,8,16,25", help="tokens per flow chunk, in order")
     s.add_argument("--max-batch", type=int, default=16, help="LM decode batch (KV slots)")
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda if present)")
+    s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     s.set_defaults(func=_serve)
 
@@ -170,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
+
+    s = sub.add_parser("voice", help="manage voices")
+    vsub = s.add_subparsers(dest="voice_command", required=True)
+    s = vsub.add_parser("add", help="make a voice from a few seconds of reference audio")
+    s.add_argument("name")
+    s.add_argument("audio", help="reference clip (wav, mp3, ...), ideally 3-10 s of speech")
+    s.add_argument("--text", required=True, help="what is said in the clip")
+    s.add_argument("--model", help="the model directory the voice is for")
+    s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
+    s.set_defaults(func=_voice_add)
 
     s = sub.add_parser("make-tiny", help="write a random-weight tiny checkpoint directory")
     s.add_argument("directory")

@@ -59,6 +59,7 @@ def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechMode
         pre_lookahead=config.flow.pre_lookahead,
         mel_bins=config.flow.mel_bins,
         token_ratio=(config.lm.min_tokens_per_text_token, config.lm.max_tokens_per_text_token),
+        spk_dim=config.flow.spk_dim,
         spec=config,
     )
 

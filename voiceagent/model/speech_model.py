@@ -69,6 +69,7 @@ class SpeechModel:
     pre_lookahead: int  # future tokens the flow reads per chunk
     mel_bins: int
     token_ratio: tuple[float, float]  # min, max speech tokens per text token of a segment
+    spk_dim: int  # size of a voice's speaker vector
     spec: Any = None  # the configuration the model was built from (for saving)
 
     @property
@@ -83,6 +84,17 @@ class SpeechModel:
                 "until a real model directory is given (--model)"
             )
         return None
+
+    def check_voice(self, voice: Voice) -> None:
+        """Raise ValueError if `voice` was made for a model of other dimensions."""
+        if voice.embedding.numel() != self.spk_dim:
+            raise ValueError(
+                f"speaker vector has {voice.embedding.numel()} values, not {self.spk_dim}"
+            )
+        if voice.prompt_mel is not None and voice.prompt_mel.shape[-1] != self.mel_bins:
+            raise ValueError(
+                f"prompt mel has {voice.prompt_mel.shape[-1]} bins, not {self.mel_bins}"
+            )
 
     @torch.inference_mode()
     def synthesize_offline(self, tokens: list[int], voice: Voice, speed: float = 1.0) -> np.ndarray:

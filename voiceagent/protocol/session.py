@@ -36,9 +36,10 @@ class Limits:
     max_turns: int = 8  # live turns per session (open, synthesizing or queued)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Catalog:
-    """What the server offers a session (voices, model facts)."""
+    """What the server offers a session (voices, model facts). The server may add voices
+    while sessions run; sessions always see the current list."""
 
     voices: tuple[str, ...]
     model: dict[str, Any]

@@ -8,10 +8,13 @@ WS   /v1/ws        sessions (docs/protocol.md)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,6 +24,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..engine.embedded import EmbeddedEngine
+from ..model.voice_store import load_voice
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import Catalog, Limits, SessionCore, error_event
 from .runner import PlayoutConfig, SessionRunner
@@ -38,6 +42,8 @@ class ServerConfig:
     hard_max_message_bytes: int = 4 * 1024 * 1024
     limits: Limits = field(default_factory=Limits)
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
+    voices_dir: Path | None = None  # voices added with `voiceagent voice add`
+    voices_rescan_s: float = 2.0
 
 
 class VoiceServer:
@@ -54,15 +60,54 @@ class VoiceServer:
                 "warning": model.warning,
                 "engine": engine.name,
             },
-            default_voice=next(iter(model.voices)),
+            default_voice=next(iter(model.voices), ""),
         )
+        self._voice_files: dict[Path, float] = {}
+        self.rescan_voices()
         self.app = Starlette(
             routes=[
                 Route("/health", self.health),
                 Route("/v1/voices", self.voices),
                 WebSocketRoute("/v1/ws", self.websocket),
             ],
+            lifespan=self._lifespan,
         )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(self._rescan_forever())
+        yield
+        task.cancel()
+
+    async def _rescan_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.voices_rescan_s)
+            try:
+                self.rescan_voices()  # a glob and a few stats: cheap enough for the loop
+            except Exception:
+                log.exception("rescanning voices failed")
+
+    def _changed_voice_files(self) -> list[Path]:
+        folder = self.config.voices_dir
+        if folder is None or not folder.is_dir():
+            return []
+        return [p for p in folder.glob("*.pt") if self._voice_files.get(p) != p.stat().st_mtime]
+
+    def rescan_voices(self) -> None:
+        """Pick up voices added (or replaced) in `voices_dir` since the last look."""
+        for path in self._changed_voice_files():
+            self._voice_files[path] = path.stat().st_mtime
+            try:
+                voice = load_voice(path)
+                self.engine.model.check_voice(voice)
+            except Exception as exc:
+                log.warning("voice file %s is not usable with this model: %s", path, exc)
+                continue
+            self.engine.model.voices[voice.name] = voice
+            log.info("voice '%s' loaded from %s", voice.name, path)
+        self.catalog.voices = tuple(self.engine.model.voices)
+        if not self.catalog.default_voice and self.catalog.voices:
+            self.catalog.default_voice = self.catalog.voices[0]
 
     async def health(self, request: Request) -> JSONResponse:
         return JSONResponse(
@@ -119,7 +164,7 @@ def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Conf
         ws_max_size=server.config.hard_max_message_bytes,
         log_level=log_level,
         access_log=False,  # one line per request on stdout is noise for a WebSocket server
-        lifespan="off",
+        lifespan="on",
     )
 
 
