@@ -21,7 +21,7 @@ import torch
 
 from ..audio.encoders import FrameEncoder
 from ..model.speech_model import SpeechModel, Voice
-from ..model.streaming import State, cat_states, split_state
+from ..model.streaming import State
 from ..model.stretch import MelStretcher
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,8 @@ class AcousticStream:
     """Per-turn acoustic state: flow caches, vocoder overlap, speed and encoder state."""
 
     voice: Voice
-    flow_state: State
-    vocoder_state: State
+    flow_state: State | None  # None until primed on the worker thread
+    vocoder_state: State | None
     stretcher: MelStretcher
     encoder: FrameEncoder | None
     closed: bool = False
@@ -61,6 +61,7 @@ class AcousticWorker:
         self.model = model
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._primed_states: dict[str, tuple[Voice, State]] = {}
         self.batches = 0
         self.batched_chunks = 0
 
@@ -77,13 +78,17 @@ class AcousticWorker:
     def new_stream(
         self, voice: Voice, speed: float, encoder: FrameEncoder | None
     ) -> AcousticStream:
-        return AcousticStream(
-            voice=voice,
-            flow_state=self.model.flow.initial_state(voice),
-            vocoder_state=self.model.vocoder.initial_state(),
-            stretcher=MelStretcher(speed),
-            encoder=encoder,
-        )
+        """A turn's acoustic state; the flow state is primed on the worker thread."""
+        return AcousticStream(voice, None, None, MelStretcher(speed), encoder)
+
+    def _primed(self, voice: Voice) -> State:
+        """The flow state after the voice's prompt: computed once per voice (it can cost
+        a full flow pass over the prompt) and shared, since states are never mutated."""
+        cached = self._primed_states.get(voice.name)
+        if cached is None or cached[0] is not voice:
+            cached = (voice, self.model.flow.initial_state(voice))
+            self._primed_states[voice.name] = cached
+        return cached[1]
 
     async def synthesize(
         self, stream: AcousticStream, tokens: list[int], final: bool
@@ -144,18 +149,27 @@ class AcousticWorker:
                         torch.zeros(self.model.mel_bins, 0, device=dev), j.final
                     )
                 continue
+            flow = self.model.flow
+            for j in group:
+                if j.stream.flow_state is None:
+                    j.stream.flow_state = self._primed(j.stream.voice)
             tokens = torch.tensor([j.tokens for j in group], device=dev)
             spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)
-            state = cat_states([j.stream.flow_state for j in group])
-            mel, state = self.model.flow.forward_chunk(tokens, spk, state)
-            for j, s, m in zip(group, split_state(state, len(group)), mel, strict=True):
+            states = [j.stream.flow_state for j in group if j.stream.flow_state is not None]
+            state = states[0] if len(group) == 1 else flow.cat_states(states)
+            mel, state = flow.forward_chunk(tokens, spk, state)
+            split = [state] if len(group) == 1 else flow.split_states(state, len(group))
+            for j, s, m in zip(group, split, mel, strict=True):
                 j.stream.flow_state = s
                 j.mel = j.stream.stretcher.push(m, j.final)
         for group in _group(jobs, lambda j: (j.mel.shape[1] if j.mel is not None else 0, j.final)):
+            voc = self.model.vocoder
             mels = [j.mel for j in group if j.mel is not None]
-            state = cat_states([j.stream.vocoder_state for j in group])
-            pcm, state = self.model.vocoder.forward_chunk(torch.stack(mels), state, group[0].final)
-            for j, s, p in zip(group, split_state(state, len(group)), pcm, strict=True):
+            vstates = [j.stream.vocoder_state or voc.initial_state() for j in group]
+            state = vstates[0] if len(group) == 1 else voc.cat_states(vstates)
+            pcm, state = voc.forward_chunk(torch.stack(mels), state, group[0].final)
+            split = [state] if len(group) == 1 else voc.split_states(state, len(group))
+            for j, s, p in zip(group, split, pcm, strict=True):
                 j.stream.vocoder_state = s
                 self._finish(j, p.cpu().numpy().copy())
 

@@ -6,6 +6,7 @@ dim 0 (see streaming.py), so chunks of several turns can run as one batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch import Tensor, nn
 from ..text.tokenizer import TextTokenizer
 from .flow_pad import PAD_TOKEN
 from .lm import SpeechLM
-from .streaming import State
+from .streaming import State, cat_states, split_state
 from .stretch import MelStretcher
 
 
@@ -44,6 +45,13 @@ class FlowStage(nn.Module):
         the new state (the input state is not mutated)."""
         raise NotImplementedError
 
+    def cat_states(self, states: Sequence[State]) -> State:
+        """One batch state from several sessions' states (override for ragged caches)."""
+        return cat_states(list(states))
+
+    def split_states(self, state: State, n: int) -> list[State]:
+        return split_state(state, n)
+
 
 class VocoderStage(nn.Module):
     """Mel -> 24 kHz PCM, chunk by chunk."""
@@ -55,6 +63,12 @@ class VocoderStage(nn.Module):
         """mel [b, bins, m] -> pcm [b, samples]; `final` flushes audio held back for
         right context. The input state is not mutated."""
         raise NotImplementedError
+
+    def cat_states(self, states: Sequence[State]) -> State:
+        return cat_states(list(states))
+
+    def split_states(self, state: State, n: int) -> list[State]:
+        return split_state(state, n)
 
 
 @dataclass

@@ -1,0 +1,339 @@
+"""CosyVoice2 flow: released layout, reference numerics, cached streaming == offline.
+
+Data files (facts about the released model, produced outside this repo from the
+reference implementation):
+  flow_keys.txt   every state-dict key of the released flow with its shape.
+  flow_golden.pt  reference outputs for `GOLDEN_CONFIG` with the weights of
+                  `seeded_weights(..., seed=0)` and the stored inputs: non-streaming
+                  inference, streaming-mask inference, and the reference's chunked
+                  streaming loop (prompt 28 tokens, chunks of 22 and 25 tokens).
+
+Tolerances: 1e-4 absolute on mel values of magnitude ~1-5; float32 rounding of
+differently shaped matmuls (chunked vs whole-sequence attention) measures ~2e-6.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from voiceagent.model.cosyvoice2.flow import (
+    PAD_TOKEN,
+    CosyFlow,
+    FlowConfig,
+    FlowPrompt,
+    load_flow_state,
+)
+
+DATA = Path(__file__).parent / "data" / "cosyvoice2"
+TOL = 1e-4
+
+# Scaled down so CPU tests stay fast; every size is a FlowConfig field.
+SMALL = FlowConfig(
+    encoder_dim=32,
+    encoder_heads=2,
+    encoder_linear_units=64,
+    encoder_blocks=2,
+    up_encoder_blocks=2,
+    decoder_channels=32,
+    decoder_heads=2,
+    attention_head_dim=16,
+    decoder_blocks=1,
+    mid_blocks=2,
+    static_chunk_size=8,
+)
+# The reference fixes the encoder width (512) and its 4 upsampled layers, so the golden
+# configuration only shrinks the rest.
+GOLDEN_CONFIG = FlowConfig(
+    encoder_linear_units=256,
+    encoder_blocks=1,
+    decoder_channels=64,
+    attention_head_dim=16,
+    decoder_heads=4,
+    decoder_blocks=1,
+    mid_blocks=1,
+)
+
+
+def seeded_weights(module: nn.Module, seed: int) -> dict[str, Tensor]:
+    """Deterministic random weights of O(1) activations for every key of `module`."""
+    out = {}
+    for i, (key, v) in enumerate(module.state_dict().items()):
+        g = torch.Generator().manual_seed(seed * 100003 + i)
+        if v.dim() >= 2:
+            out[key] = torch.randn(v.shape, generator=g) / math.sqrt(math.prod(v.shape[1:]))
+        elif ("norm" in key and key.endswith("weight")) or key.endswith(
+            (".out.1.weight", "block.2.weight")
+        ):
+            out[key] = 1 + 0.1 * torch.randn(v.shape, generator=g)  # LayerNorm gains
+        else:
+            out[key] = 0.1 * torch.randn(v.shape, generator=g)
+    return out
+
+
+def make_flow(cfg: FlowConfig = SMALL, seed: int = 0) -> CosyFlow:
+    flow = CosyFlow(cfg).eval()
+    load_flow_state(flow, seeded_weights(flow, seed))
+    return flow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: thread hand-offs cost more than they save (100x on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def flow() -> CosyFlow:
+    return make_flow()
+
+
+def voice(p: int, seed: int, cfg: FlowConfig = SMALL) -> FlowPrompt:
+    g = torch.Generator().manual_seed(seed)
+    return FlowPrompt(
+        prompt_tokens=torch.randint(0, cfg.vocab_size, (p,), generator=g),
+        prompt_mel=torch.randn(cfg.token_mel_ratio * p, cfg.mel_bins, generator=g),
+        embedding=torch.randn(cfg.spk_embed_dim, generator=g),
+    )
+
+
+def turn_tokens(n: int, seed: int) -> Tensor:
+    return torch.randint(0, 6561, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def chunk_ids(tokens: Tensor, start: int, n: int, look: int) -> Tensor:
+    """The chunk's n tokens, then `look` lookahead tokens or PAD past the end."""
+    ids = tokens[start : start + n + look].tolist()
+    return torch.tensor([ids + [PAD_TOKEN] * (n + look - len(ids))])
+
+
+def stream(flow: CosyFlow, v: FlowPrompt, tokens: Tensor, schedule: list[int]) -> Tensor:
+    state = flow.initial_state(v)
+    look, out, done, i = flow.cfg.pre_lookahead, [], 0, 0
+    while done < len(tokens):
+        n = min(schedule[min(i, len(schedule) - 1)], len(tokens) - done)
+        mel, state = flow.forward_chunk(chunk_ids(tokens, done, n, look), v.embedding[None], state)
+        assert mel.shape == (1, flow.cfg.mel_bins, flow.cfg.token_mel_ratio * n)
+        out.append(mel)
+        done, i = done + n, i + 1
+    return torch.cat(out, dim=2)
+
+
+def offline(flow: CosyFlow, v: FlowPrompt, tokens: Tensor, blocks: object) -> Tensor:
+    mel = v.prompt_mel
+    assert mel is not None and isinstance(v.prompt_tokens, Tensor)
+    return flow.synthesize(
+        tokens[None],
+        v.prompt_tokens[None],
+        mel[None],
+        v.embedding[None],
+        blocks=blocks,  # type: ignore[arg-type]
+    )
+
+
+# -- layout and loading ----------------------------------------------------------------------
+
+
+def test_full_size_keys_and_shapes_equal_released_manifest():
+    with torch.device("meta"):
+        full = CosyFlow(FlowConfig())
+    ours = [f"{k} {','.join(map(str, v.shape))}" for k, v in full.state_dict().items()]
+    released = (DATA / "flow_keys.txt").read_text().split("\n")
+    released = [line for line in released if line]
+    assert len(released) == 1121
+    assert ours == released
+
+
+def test_loader_accepts_exact_and_refuses_mismatches(flow):
+    good = seeded_weights(flow, seed=5)
+    other = CosyFlow(SMALL).eval()
+    load_flow_state(other, good)
+    assert torch.equal(other.encoder_proj.weight, good["encoder_proj.weight"])
+
+    missing = dict(good)
+    del missing["decoder.estimator.mid_blocks.1.1.0.attn1.to_k.weight"]
+    with pytest.raises(ValueError, match=r"missing: decoder\.estimator\.mid_blocks\.1\.1\.0"):
+        load_flow_state(other, missing)
+
+    extra = dict(good)
+    extra["encoder.up_layer.conv.weight_g"] = torch.zeros(1)
+    extra["decoder.rand_noise"] = torch.zeros(1)
+    with pytest.raises(ValueError, match=r"unexpected: encoder\.up_layer\.conv\.weight_g"):
+        load_flow_state(other, extra)
+
+    shaped = dict(good)
+    shaped["encoder_proj.weight"] = torch.zeros(80, 33)
+    with pytest.raises(ValueError, match=r"wrong shape: encoder_proj\.weight \(80, 33\)"):
+        load_flow_state(other, shaped)
+    # A refused load leaves the module as it was.
+    assert torch.equal(other.encoder_proj.weight, good["encoder_proj.weight"])
+
+
+# -- reference numerics --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, Tensor]:
+    data: dict[str, Tensor] = torch.load(DATA / "flow_golden.pt", weights_only=True)
+    return data
+
+
+@pytest.fixture(scope="module")
+def golden_flow() -> CosyFlow:
+    return make_flow(GOLDEN_CONFIG, seed=0)
+
+
+def test_offline_matches_reference_non_streaming(golden, golden_flow):
+    g = golden
+    mel = golden_flow.synthesize(g["tokens"], g["prompt_tokens"], g["prompt_mel"], g["spk"])
+    assert mel.shape == g["ref_full"].shape == (1, 80, 2 * g["tokens"].shape[1])
+    assert (mel - g["ref_full"]).abs().max() < TOL
+
+
+def test_offline_matches_reference_streaming_mask(golden, golden_flow):
+    g = golden
+    mel = golden_flow.synthesize(
+        g["tokens"], g["prompt_tokens"], g["prompt_mel"], g["spk"], blocks=25
+    )
+    assert (mel - g["ref_static25"]).abs().max() < TOL
+    assert (mel - g["ref_full"]).abs().max() > 1e-3  # the two masks really differ
+
+
+def test_cached_streaming_matches_reference_streaming_loop(golden, golden_flow):
+    """Prompt of 28 tokens: 25 primed, 3 pending; chunks 22 + 25 land on the 25-grid."""
+    g = golden
+    v = FlowPrompt(g["prompt_tokens"][0], g["prompt_mel"][0], g["spk"][0])
+    mel = stream(golden_flow, v, g["tokens"][0], [22, 25])
+    assert (mel - g["ref_stream"]).abs().max() < TOL
+
+
+# -- streaming == offline with the same blocks ------------------------------------------------
+
+
+@pytest.mark.parametrize("schedule", [[4, 8, 16, 25], [25], [1], [7]])
+@pytest.mark.parametrize("prompt_len", [11, 2, 0])
+def test_streaming_equals_offline_with_same_blocks(flow, schedule, prompt_len):
+    v, tokens = voice(prompt_len, seed=1), turn_tokens(41, seed=2)
+    streamed = stream(flow, v, tokens, schedule)
+    blocks = flow.stream_blocks(prompt_len, schedule, len(tokens))
+    reference = offline(flow, v, tokens, blocks)
+    assert streamed.shape == reference.shape == (1, 80, 82)
+    assert (streamed - reference).abs().max() < TOL
+    # Sensitive: full attention is a different computation.
+    assert (streamed - offline(flow, v, tokens, None)).abs().max() > 1e-3
+
+
+def test_primed_state_is_reusable_and_not_mutated(flow):
+    v, tokens = voice(11, seed=1), turn_tokens(12, seed=3)
+    primed = flow.initial_state(v)
+    snapshot = {k: t.clone() for k, t in primed.items()}
+    ids = chunk_ids(tokens, 0, 9, 3)
+    a, after = flow.forward_chunk(ids, v.embedding[None], primed)
+    b, _ = flow.forward_chunk(ids, v.embedding[None], primed)
+    assert torch.equal(a, b)
+    assert all(torch.equal(primed[k], snapshot[k]) for k in primed)
+    c, _ = flow.forward_chunk(chunk_ids(tokens, 9, 3, 3), v.embedding[None], after)
+    assert c.shape == (1, 80, 6)
+
+
+def test_batched_sessions_equal_each_alone(flow):
+    """Different prompt lengths (so different cache lengths) and a first chunk batched
+    with a later one; states split back with torch.chunk, as the engine does."""
+    va, vb = voice(11, seed=1), voice(5, seed=4)
+    ta, tb = turn_tokens(30, seed=5), turn_tokens(30, seed=6)
+    alone_a, alone_b = stream(flow, va, ta, [6]), stream(flow, vb, tb, [6])
+
+    sa, sb = flow.initial_state(va), flow.initial_state(vb)
+    first, sa = flow.forward_chunk(chunk_ids(ta, 0, 6, 3), va.embedding[None], sa)
+    outs_a, outs_b = [first], []
+    spk = torch.stack([va.embedding, vb.embedding])
+    for i in range(4):
+        ids = torch.cat([chunk_ids(ta, 6 * (i + 1), 6, 3), chunk_ids(tb, 6 * i, 6, 3)])
+        mel, state = flow.forward_chunk(ids, spk, flow.cat_states([sa, sb]))
+        mel_a, mel_b = torch.chunk(mel, 2)
+        outs_a.append(mel_a)
+        outs_b.append(mel_b)
+        sa, sb = ({k: t.chunk(2)[j] for k, t in state.items()} for j in range(2))
+    assert (torch.cat(outs_a, 2) - alone_a[:, :, :60]).abs().max() < TOL
+    assert (torch.cat(outs_b, 2) - alone_b[:, :, :48]).abs().max() < TOL
+
+    # Equal cache lengths concatenate with a plain torch.cat along dim 0.
+    s1, s2 = flow.initial_state(voice(11, seed=1)), flow.initial_state(voice(11, seed=7))
+    assert flow.cache_length(s1) == flow.cache_length(s2)
+    joined = {k: torch.cat([s1[k], s2[k]]) for k in s1}
+    ids = torch.cat([chunk_ids(ta, 0, 6, 3), chunk_ids(tb, 0, 6, 3)])
+    mel, _ = flow.forward_chunk(ids, torch.stack([va.embedding, va.embedding]), joined)
+    one, _ = flow.forward_chunk(chunk_ids(ta, 0, 6, 3), va.embedding[None], s1)
+    assert (mel[:1] - one).abs().max() < TOL
+
+
+# -- cost and state size ------------------------------------------------------------------
+
+
+def _layer_input_shapes(flow: CosyFlow, ids: Tensor, spk: Tensor, state) -> list[tuple]:
+    """Input shapes of every Linear/Conv1d call in a chunk, except the relative-position
+    projection (its table spans the cached distances)."""
+    shapes: list[tuple] = []
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out: shapes.append(tuple(inp[0].shape)))
+        for name, m in flow.named_modules()
+        if isinstance(m, nn.Linear | nn.Conv1d) and not name.endswith("linear_pos")
+    ]
+    try:
+        flow.forward_chunk(ids, spk, state)
+    finally:
+        for h in hooks:
+            h.remove()
+    return shapes
+
+
+def test_chunk_work_does_not_grow_with_position(flow):
+    v, tokens = voice(11, seed=1), turn_tokens(200, seed=8)
+    spk, look, n = v.embedding[None], 3, 8
+    state = flow.initial_state(v)
+    _, state = flow.forward_chunk(chunk_ids(tokens, 0, n, look), spk, state)  # prompt tail
+    fixed = {k: t.shape for k, t in state.items() if not k.endswith((".k", ".v"))}
+    kv = {k: t.shape[2] for k, t in state.items() if k.endswith((".k", ".v"))}
+    early = _layer_input_shapes(flow, chunk_ids(tokens, n, n, look), spk, state)
+    for c in range(1, 20):
+        _, state = flow.forward_chunk(chunk_ids(tokens, c * n, n, look), spk, state)
+    late = _layer_input_shapes(flow, chunk_ids(tokens, 20 * n, n, look), spk, state)
+    assert early == late and len(early) > 50
+    # Fixed-size entries keep their shapes; K/V caches grew by exactly 19 chunks.
+    assert {k: t.shape for k, t in state.items() if k in fixed} == fixed
+    for k, length in kv.items():
+        rate = 1 if k.startswith("enc.") else 2
+        assert state[k].shape[2] == length + 19 * n * rate, k
+    assert int(state["frame"]) == 2 * (11 + 20 * n)
+
+
+# -- outputs are not trivial ---------------------------------------------------------------
+
+
+def test_outputs_depend_on_tokens_prompt_and_lookahead(flow):
+    v, tokens = voice(11, seed=1), turn_tokens(20, seed=9)
+    base = stream(flow, v, tokens, [10])
+    assert base.std() > 0.3 and torch.isfinite(base).all()
+
+    other = turn_tokens(20, seed=10)
+    assert (stream(flow, v, other, [10]) - base).abs().max() > 1e-2
+
+    mel = v.prompt_mel
+    assert mel is not None
+    louder = FlowPrompt(v.prompt_tokens, mel + 1.0, v.embedding)
+    assert (stream(flow, louder, tokens, [10]) - base).abs().max() > 1e-2
+
+    # Lookahead tokens change the chunk they follow, never an earlier one.
+    state = flow.initial_state(v)
+    ids = chunk_ids(tokens, 0, 10, 3)
+    a, _ = flow.forward_chunk(ids, v.embedding[None], state)
+    ids[0, -3:] = PAD_TOKEN
+    b, _ = flow.forward_chunk(ids, v.embedding[None], state)
+    assert (a - b).abs().max() > 1e-3

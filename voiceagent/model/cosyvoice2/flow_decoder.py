@@ -1,0 +1,223 @@
+"""CosyVoice2 flow-matching estimator: the velocity field v(x_t, mu, spk, cond, t).
+
+A 1-D UNet at the mel rate with one channel width (the released model's `channels: [256]`),
+so no stage changes the time resolution: a down stage, `mid_blocks` middle stages and an
+up stage that concatenates the down stage's output, each a causal ResNet block followed
+by transformer blocks; then a causal output block and a 1x1 projection. Parameter names are
+those of the released CausalConditionalDecoder; the transformer blocks follow the
+diffusers BasicTransformerBlock layout it uses (self-attention without biases on q/k/v,
+exact-GELU feed-forward of width 4 x dim, no cross-attention).
+
+Every causal convolution and every attention reads the past through a `Cache`, so the
+estimator can run on a chunk of new frames per Euler step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .flow_encoder import Cache
+
+
+class CausalConv(nn.Conv1d):
+    """A stride-1 Conv1d applied to [left context, x]; `cache_key` names its context."""
+
+    def __init__(self, cin: int, cout: int, kernel: int) -> None:
+        super().__init__(cin, cout, kernel)
+        self.cache_key = ""
+
+    def step(self, x: Tensor, cache: Cache, prefix: str) -> Tensor:
+        return cache.conv(prefix + self.cache_key, self, x)
+
+
+class CausalBlock(nn.Module):
+    """Causal conv -> LayerNorm over channels -> Mish. Only indices 0 and 2 hold weights,
+    as in the released model's Sequential(conv, transpose, norm, transpose, mish)."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.block = nn.ModuleList(
+            [CausalConv(cin, cout, 3), nn.Identity(), nn.LayerNorm(cout), nn.Identity()]
+        )
+
+    def forward(self, x: Tensor, cache: Cache, prefix: str) -> Tensor:
+        conv, norm = cast(CausalConv, self.block[0]), self.block[2]
+        h = conv.step(x, cache, prefix)
+        return F.mish(norm(h.transpose(1, 2)).transpose(1, 2))
+
+
+class ResnetBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, time_dim: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Mish(), nn.Linear(time_dim, cout))
+        self.block1 = CausalBlock(cin, cout)
+        self.block2 = CausalBlock(cout, cout)
+        self.res_conv = nn.Conv1d(cin, cout, 1)
+
+    def forward(self, x: Tensor, t_emb: Tensor, cache: Cache, prefix: str) -> Tensor:
+        h = self.block1(x, cache, prefix) + self.mlp(t_emb)[:, :, None]
+        return cast(Tensor, self.block2(h, cache, prefix) + self.res_conv(x))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        inner = heads * head_dim
+        self.heads, self.head_dim = heads, head_dim
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
+        self.cache_key = ""
+
+    def forward(self, x: Tensor, cache: Cache, prefix: str, mask: Tensor | None) -> Tensor:
+        b, n, _ = x.shape
+
+        def heads(t: Tensor) -> Tensor:
+            return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
+
+        q = heads(self.to_q(x))
+        k, v = cache.kv(prefix + self.cache_key, heads(self.to_k(x)), heads(self.to_v(x)))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return cast(Tensor, self.to_out[0](o.transpose(1, 2).reshape(b, n, -1)))
+
+
+class GeluProj(nn.Module):
+    def __init__(self, din: int, dout: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(din, dout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(self.proj(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4) -> None:
+        super().__init__()
+        self.net = nn.ModuleList(
+            [GeluProj(dim, dim * mult), nn.Dropout(0.0), nn.Linear(dim * mult, dim)]
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        return cast(Tensor, self.net[2](self.net[0](x)))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn1 = Attention(dim, heads, head_dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.ff = FeedForward(dim)
+
+    def forward(self, x: Tensor, cache: Cache, prefix: str, mask: Tensor | None) -> Tensor:
+        x = x + self.attn1(self.norm1(x), cache, prefix, mask)
+        return x + self.ff(self.norm3(x))
+
+
+class TimestepEmbedding(nn.Module):
+    def __init__(self, din: int, dim: int) -> None:
+        super().__init__()
+        self.linear_1 = nn.Linear(din, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return cast(Tensor, self.linear_2(F.silu(self.linear_1(x))))
+
+
+class Estimator(nn.Module):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        channels: int,
+        heads: int,
+        head_dim: int,
+        n_blocks: int,
+        mid_blocks: int,
+    ) -> None:
+        super().__init__()
+        self.in_channels = in_channels
+        time_dim = 4 * channels
+        self.time_mlp = TimestepEmbedding(in_channels, time_dim)
+
+        def stage(cin: int, sample: bool) -> nn.ModuleList:
+            blocks = nn.ModuleList(
+                TransformerBlock(channels, heads, head_dim) for _ in range(n_blocks)
+            )
+            parts: list[nn.Module] = [ResnetBlock(cin, channels, time_dim), blocks]
+            if sample:  # the last (here: only) down/up stage keeps the rate: a causal conv
+                parts.append(CausalConv(channels, channels, 3))
+            return nn.ModuleList(parts)
+
+        self.down_blocks = nn.ModuleList([stage(in_channels, True)])
+        self.mid_blocks = nn.ModuleList(stage(channels, False) for _ in range(mid_blocks))
+        self.up_blocks = nn.ModuleList([stage(2 * channels, True)])
+        self.final_block = CausalBlock(channels, channels)
+        self.final_proj = nn.Conv1d(channels, out_channels, 1)
+        # Name each cache slot once, in a fixed order, so a state is a flat dict.
+        self.convs = [m for m in self.modules() if isinstance(m, CausalConv)]
+        self.attns = [m for m in self.modules() if isinstance(m, Attention)]
+        for i, c in enumerate(self.convs):
+            c.cache_key = f"c{i}"
+        for i, a in enumerate(self.attns):
+            a.cache_key = f"a{i}"
+
+    def cache_shapes(self) -> dict[str, tuple[int, ...]]:
+        shapes: dict[str, tuple[int, ...]] = {
+            c.cache_key: (c.in_channels, c.kernel_size[0] - 1) for c in self.convs
+        }
+        for a in self.attns:
+            for kv in ("k", "v"):
+                shapes[f"{a.cache_key}.{kv}"] = (a.heads, 0, a.head_dim)
+        return shapes
+
+    def time_embedding(self, t: Tensor) -> Tensor:
+        """t [rows] -> [rows, 4 * channels] (sinusoid at scale 1000, then the MLP)."""
+        half = self.in_channels // 2
+        freqs = torch.exp(
+            torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1))
+        )
+        angle = 1000 * t[:, None] * freqs[None, :]
+        emb = torch.cat([angle.sin(), angle.cos()], dim=-1).to(t.dtype)
+        return cast(Tensor, self.time_mlp(emb))
+
+    def _transformers(
+        self, blocks: nn.Module, h: Tensor, cache: Cache, prefix: str, mask: Tensor | None
+    ) -> Tensor:
+        x = h.transpose(1, 2)
+        for block in cast(nn.ModuleList, blocks):
+            x = block(x, cache, prefix, mask)
+        return x.transpose(1, 2)
+
+    def forward(
+        self,
+        x: Tensor,
+        mu: Tensor,
+        spk: Tensor,
+        cond: Tensor,
+        t_emb: Tensor,
+        cache: Cache,
+        prefix: str,
+        mask: Tensor | None,
+    ) -> Tensor:
+        """x, mu, cond [rows, mel, frames], spk [rows, mel] -> velocity [rows, mel, frames]."""
+        h = torch.cat([x, mu, spk[:, :, None].expand(-1, -1, x.shape[2]), cond], dim=1)
+        resnet, blocks, conv = cast(nn.ModuleList, self.down_blocks[0])
+        h = self._transformers(blocks, resnet(h, t_emb, cache, prefix), cache, prefix, mask)
+        skip = h
+        h = cast(CausalConv, conv).step(h, cache, prefix)
+        for stage in self.mid_blocks:
+            resnet, blocks = cast(nn.ModuleList, stage)
+            h = self._transformers(blocks, resnet(h, t_emb, cache, prefix), cache, prefix, mask)
+        resnet, blocks, conv = cast(nn.ModuleList, self.up_blocks[0])
+        h = resnet(torch.cat([h, skip], dim=1), t_emb, cache, prefix)
+        h = cast(CausalConv, conv).step(
+            self._transformers(blocks, h, cache, prefix, mask), cache, prefix
+        )
+        return cast(Tensor, self.final_proj(self.final_block(h, cache, prefix)))
