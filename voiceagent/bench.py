@@ -124,12 +124,21 @@ def run_bench(args: argparse.Namespace) -> int:
     from .cli import load_model
 
     logging.getLogger("voiceagent").setLevel(logging.WARNING)
-    model = load_model(args.model, args.device)
-    levels = [int(x) for x in args.sessions.split(",")]
-    report = measure(model, levels, args.turns, args.lead_ms)
-    if args.json:
-        print(json.dumps(report))
+    if args.scenario == "chunk-cost":
+        from . import bench_chunks
+
+        model = load_model(args.model or str(bench_chunks.ensure_full_random()), args.device)
+        report = bench_chunks.measure(model, repeats=args.repeats)
+        text = "\n".join(
+            f"{mode:<10} chunk 1: {report[mode]['chunk1_ms']:>9} ms   chunk 20: "
+            f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
+            for mode in ("linear", "recompute")
+        )
     else:
-        print(_table(report))
+        model = load_model(args.model, args.device)
+        levels = [int(x) for x in args.sessions.split(",")]
+        report = measure(model, levels, args.turns, args.lead_ms)
+        text = _table(report)
+    print(json.dumps(report) if args.json else text)
     sys.stdout.flush()
     return 0

@@ -209,9 +209,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_say)
 
     s = sub.add_parser("bench", help="TTFA and RTF over real WebSocket, streaming vs baseline")
+    s.add_argument(
+        "--scenario",
+        choices=["ws", "chunk-cost"],
+        default="ws",
+        help="ws: sessions over WebSocket; chunk-cost: flow+vocoder time of chunk 1 vs 20",
+    )
     s.add_argument("--model")
     s.add_argument("--sessions", default="1,8", help="concurrency levels")
     s.add_argument("--turns", type=int, default=3, help="turns per session")
+    s.add_argument("--repeats", type=int, default=1, help="chunk-cost: runs (median taken)")
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
     s.add_argument("--device", default="auto")

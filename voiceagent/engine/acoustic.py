@@ -162,8 +162,13 @@ class AcousticWorker:
             for j, s, m in zip(group, split, mel, strict=True):
                 j.stream.flow_state = s
                 j.mel = j.stream.stretcher.push(m, j.final)
-        for group in _group(jobs, lambda j: (j.mel.shape[1] if j.mel is not None else 0, j.final)):
-            voc = self.model.vocoder
+        voc = self.model.vocoder
+        for group in _group(
+            jobs,
+            lambda j: voc.batch_key(
+                j.stream.vocoder_state, j.mel.shape[1] if j.mel is not None else 0, j.final
+            ),
+        ):
             mels = [j.mel for j in group if j.mel is not None]
             vstates = [j.stream.vocoder_state or voc.initial_state() for j in group]
             state = vstates[0] if len(group) == 1 else voc.cat_states(vstates)

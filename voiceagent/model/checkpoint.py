@@ -127,9 +127,14 @@ def _load_voices(path: Path, spk_dim: int) -> dict[str, Voice]:
 
 
 def load(directory: Path, device: str = "cpu") -> SpeechModel:
+    """A model directory: a released CosyVoice2 layout, or the tiny layout."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: model directory does not exist")
+    if (directory / "cosyvoice2.yaml").is_file() or (directory / "CosyVoice-BlankEN").is_dir():
+        from .cosyvoice2.loader import load_cosyvoice2
+
+        return load_cosyvoice2(directory, device)
     for name in FILES:
         if not (directory / name).is_file():
             raise CheckpointError(f"{directory / name}: required model file is missing")

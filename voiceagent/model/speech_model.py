@@ -64,6 +64,10 @@ class VocoderStage(nn.Module):
         right context. The input state is not mutated."""
         raise NotImplementedError
 
+    def batch_key(self, state: State | None, frames: int, final: bool) -> object:
+        """Chunks of several sessions run as one batch only when their keys are equal."""
+        return (frames, final)
+
     def cat_states(self, states: Sequence[State]) -> State:
         return cat_states(list(states))
 

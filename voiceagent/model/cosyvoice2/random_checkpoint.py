@@ -167,15 +167,39 @@ get_tokenizer: !name:cosyvoice.tokenizer.tokenizer.get_qwen_tokenizer
 # The released sizes, and a scaled-down set for CPU tests.
 SIZES: dict[str, dict[str, int]] = {
     "full": dict(
-        lm_hidden=896, lm_layers=24, lm_heads=14, lm_kv_heads=2, lm_intermediate=4864,
-        text_vocab=151936, flow_dim=512, flow_heads=8, flow_units=2048, flow_blocks=6,
-        dec_channels=256, dec_head_dim=64, dec_blocks=4, dec_mid_blocks=12, dec_heads=8,
+        lm_hidden=896,
+        lm_layers=24,
+        lm_heads=14,
+        lm_kv_heads=2,
+        lm_intermediate=4864,
+        text_vocab=151936,
+        flow_dim=512,
+        flow_heads=8,
+        flow_units=2048,
+        flow_blocks=6,
+        dec_channels=256,
+        dec_head_dim=64,
+        dec_blocks=4,
+        dec_mid_blocks=12,
+        dec_heads=8,
         hift_channels=512,
     ),
     "small": dict(
-        lm_hidden=64, lm_layers=2, lm_heads=4, lm_kv_heads=2, lm_intermediate=128,
-        text_vocab=0, flow_dim=64, flow_heads=2, flow_units=128, flow_blocks=2,
-        dec_channels=64, dec_head_dim=16, dec_blocks=1, dec_mid_blocks=2, dec_heads=2,
+        lm_hidden=64,
+        lm_layers=2,
+        lm_heads=4,
+        lm_kv_heads=2,
+        lm_intermediate=128,
+        text_vocab=0,
+        flow_dim=64,
+        flow_heads=2,
+        flow_units=128,
+        flow_blocks=2,
+        dec_channels=64,
+        dec_head_dim=16,
+        dec_blocks=1,
+        dec_mid_blocks=2,
+        dec_heads=2,
         hift_channels=32,
     ),
 }
@@ -199,3 +223,53 @@ def qwen_config(s: dict[str, int], vocab: int) -> dict[str, object]:
         "hidden_act": "silu",
         "torch_dtype": "bfloat16",
     }
+
+
+def write_random_cosyvoice2(directory: Path, size: str = "small", seed: int = 0) -> Path:
+    """A complete CosyVoice2 directory with random weights (no ONNX frontends), marked
+    with a `RANDOM_WEIGHTS` file so servers say that its audio is noise."""
+    import torch
+
+    from ..lm import SpeechLM
+    from .flow import CosyFlow
+    from .hift import HiFT, HiFTConfig, released_state_dict
+    from .lm_config import read_lm_setup
+    from .loader import QWEN_DIR, flow_config
+    from .text_tokenizer import COSYVOICE2_SPECIALS
+    from .yaml_config import params, read_yaml
+
+    s = SIZES[size]
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "cosyvoice2.yaml").write_text(yaml_text(s))
+    qwen = directory / QWEN_DIR
+    n = write_text_tokenizer(qwen)
+    vocab = s["text_vocab"] or n + len(COSYVOICE2_SPECIALS)
+    (qwen / "config.json").write_text(json.dumps(qwen_config(s, vocab), indent=2))
+    yaml = read_yaml(directory / "cosyvoice2.yaml")
+
+    torch.manual_seed(seed)
+    lm = SpeechLM(read_lm_setup(yaml, qwen).config)
+    torch.save(lm.state_dict(), directory / "llm.pt")
+    del lm
+    fcfg = flow_config(yaml)
+    torch.save(CosyFlow(fcfg).state_dict(), directory / "flow.pt")
+    hift = HiFT(HiFTConfig.from_params(params(yaml["hift"], "hift")))
+    torch.save(released_state_dict(hift), directory / "hift.pt")
+
+    gen = torch.Generator().manual_seed(seed + 1)
+    spk2info = {}
+    for i, name in enumerate(("agent", "narrator")):
+        tokens = torch.randint(0, 6561, (1, 50 + 10 * i), generator=gen)
+        spk2info[name] = {
+            "prompt_text": torch.randint(0, n, (1, 12), generator=gen),
+            "llm_prompt_speech_token": tokens,
+            "flow_prompt_speech_token": tokens,
+            "prompt_speech_feat": torch.randn(1, 2 * tokens.shape[1], 80, generator=gen) - 6,
+            "llm_embedding": torch.randn(1, 192, generator=gen),
+            "flow_embedding": torch.randn(1, 192, generator=gen),
+        }
+    torch.save(spk2info, directory / "spk2info.pt")
+    (directory / "RANDOM_WEIGHTS").write_text(
+        "These weights are random (written by voiceagent for tests and benchmarks).\n"
+    )
+    return directory
