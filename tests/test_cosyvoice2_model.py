@@ -28,8 +28,8 @@ from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.pipeline.turn import ChunkSchedule, OutputFormat, Turn, TurnSettings
-from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.server.app import ServerConfig
+from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.server.runner import PlayoutConfig
 
 TOL = 1e-4  # float32 attention over differently batched caches; PCM in [-1, 1]
