@@ -11,9 +11,16 @@ extras=""
 
 sudo=""
 [[ "$(id -u)" != 0 ]] && sudo="sudo"
-if ! ldconfig -p | grep -q libopus.so.0; then
+# libopus0: opuslib's codec. Tests also speak real speech prompts with espeak-ng.
+packages=(libopus0)
+[[ -n "$extras" ]] && packages+=(espeak-ng)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if (( ${#missing[@]} )); then
   $sudo apt-get update -qq
-  $sudo apt-get install -y -qq libopus0
+  $sudo apt-get install -y -qq "${missing[@]}"
 fi
 
 python3 -m venv .venv

@@ -130,3 +130,24 @@ def test_concurrent_turns_match_solo_runs(tiny_model):
         assert pa.shape == pb.shape
         assert np.abs(pa - pb).max() < TOL
     assert len({tuple(t.tokens) for t in solo}) == len(solo)  # sessions really differ
+
+
+def test_a_segment_never_speaks_past_the_ceiling(tiny_model):
+    engine = EmbeddedEngine(tiny_model)
+    engine.start()
+
+    async def go() -> Turn:
+        settings = TurnSettings(tiny_model.voices["agent"], SamplingParams(seed=1), 1.0)
+        turn = Turn("t", settings, engine, max_segment_tokens=6)
+        turn.start()
+        turn.push_text("A sentence that would speak for a good while.")
+        turn.end_text()
+        while await turn.output.get() is not None:
+            pass
+        return turn
+
+    try:
+        turn = asyncio.run(go())
+    finally:
+        engine.stop()
+    assert len(turn.tokens) == 6

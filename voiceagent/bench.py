@@ -91,10 +91,20 @@ async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
     }
 
 
-def measure(model: SpeechModel, levels: list[int], turns: int, lead_ms: int) -> dict[str, Any]:
+def measure(
+    model: SpeechModel,
+    levels: list[int],
+    turns: int,
+    lead_ms: int,
+    max_segment_tokens: int | None = None,
+) -> dict[str, Any]:
     report: dict[str, Any] = {"model": model.name, "runs": {}}
     for mode in ("streaming", "baseline"):
-        playout = PlayoutConfig(lead_ms=lead_ms, streaming=mode == "streaming")
+        playout = PlayoutConfig(
+            lead_ms=lead_ms,
+            streaming=mode == "streaming",
+            max_segment_tokens=max_segment_tokens,
+        )
         config = ServerConfig(port=free_port(), playout=playout)
         with BackgroundServer(model, config) as server:
             url = server.url
@@ -137,7 +147,7 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         model = load_model(args.model, args.device)
         levels = [int(x) for x in args.sessions.split(",")]
-        report = measure(model, levels, args.turns, args.lead_ms)
+        report = measure(model, levels, args.turns, args.lead_ms, int(args.max_speech_s * 25))
         text = _table(report)
     print(json.dumps(report) if args.json else text)
     sys.stdout.flush()

@@ -53,6 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
         playout=PlayoutConfig(
             lead_ms=args.lead_ms,
             schedule=ChunkSchedule(tuple(int(x) for x in args.chunks.split(","))),
+            max_segment_tokens=int(args.max_speech_s * 25),
         ),
         voices_dir=voices_dir(args),
     )
@@ -191,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-text-chars", type=int, default=20_000, help="per turn")
     s.add_argument("--lead-ms", type=int, default=200, help="audio sent ahead of real time")
     s.add_argument("--chunks", default="4,8,16,25", help="tokens per flow chunk, in order")
+    s.add_argument(
+        "--max-speech-s", type=float, default=60.0, help="ceiling on one segment's speech"
+    )
     s.add_argument("--max-batch", type=int, default=16, help="LM decode batch (KV slots)")
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda if present)")
     s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
@@ -221,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=1, help="chunk-cost: runs (median taken)")
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
+    s.add_argument("--max-speech-s", type=float, default=60.0, help="as in serve")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 

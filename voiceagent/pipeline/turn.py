@@ -102,12 +102,14 @@ class Turn:
         segmenter: SegmenterConfig | None = None,
         streaming: bool = True,
         record_pcm: bool = False,
+        max_segment_tokens: int | None = None,
     ) -> None:
         self.id = turn_id
         self.settings = settings
         self.engine = engine
         self.schedule = schedule
         self.streaming = streaming
+        self.max_segment_tokens = max_segment_tokens  # a ceiling on any segment's speech
         self.stats = TurnStats()
         self.output: asyncio.Queue[OutputItem] = asyncio.Queue()
         self.tokens: list[int] = []
@@ -191,7 +193,7 @@ class Turn:
             self.settings.sampling,
             self._gen,
             min_len=int(n * lo),
-            max_len=max(1, int(n * hi)),
+            max_len=max(1, min(int(n * hi), self.max_segment_tokens or 1 << 30)),
         )
         self.stats.prompt_tokens += self._lm.prompt_tokens
         if self.stats.synth_start is None:

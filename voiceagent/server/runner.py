@@ -39,6 +39,7 @@ class PlayoutConfig:
     lead_ms: int = 200  # audio sent ahead of real time; small so a cancel is heard at once
     streaming: bool = True  # False: the naive whole-utterance baseline (benchmarks)
     schedule: ChunkSchedule = field(default_factory=ChunkSchedule)
+    max_segment_tokens: int | None = None  # speech tokens (25 per second) per segment
 
 
 class SessionRunner:
@@ -87,6 +88,7 @@ class SessionRunner:
                     self.engine,
                     schedule=self.playout.schedule,
                     streaming=self.playout.streaming,
+                    max_segment_tokens=self.playout.max_segment_tokens,
                 )
                 turn.start()
                 self._turns[action.num] = turn

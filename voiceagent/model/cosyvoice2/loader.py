@@ -153,7 +153,7 @@ def load_cosyvoice2(directory: Path, device: str = "cpu") -> SpeechModel:
         raise ModelDirError(f"{directory / 'hift.pt'}: {exc}") from exc
     random = (directory / "RANDOM_WEIGHTS").is_file()
     model = SpeechModel(
-        name=directory.name + (" (random weights)" if random else ""),
+        name=directory.name,
         random_weights=random,
         lm=lm,
         flow=flow,
