@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -83,12 +84,20 @@ def save(model: SpeechModel, directory: Path) -> None:
     torch.save(spk2info, directory / "spk2info.pt")
 
 
-def _load_state(module: torch.nn.Module, path: Path) -> None:
-    """Load a state dict that must match `module` key for key and shape for shape."""
+def read_torch(path: Path) -> Any:
+    """A torch file read without running code in it (weights_only)."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises several types for a damaged file
-        raise CheckpointError(f"{path}: cannot be read as a torch state dict ({exc})") from exc
+        raise CheckpointError(f"{path}: cannot be read as a torch file ({exc})") from exc
+
+
+def _load_state(module: torch.nn.Module, path: Path) -> None:
+    load_strict(module, read_torch(path), path)
+
+
+def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
+    """Load a state dict that must match `module` key for key and shape for shape."""
     expected = module.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

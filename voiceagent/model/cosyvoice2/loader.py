@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, load_strict, read_torch
 from ..lm import SpeechLM
 from ..speech_model import SpeechModel, Voice
 from .flow import CosyFlow, FlowConfig, load_flow_state
@@ -69,34 +69,12 @@ def flow_config(yaml: dict[str, Any]) -> FlowConfig:
     )
 
 
-def _torch_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged file
-        raise ModelDirError(f"{path}: cannot be read as a torch file ({exc})") from exc
-
-
 def _load_lm(lm: SpeechLM, path: Path, tied: bool) -> None:
-    state = dict(_torch_load(path))
+    state = dict(read_torch(path))
     head = "llm.model.lm_head.weight"
     if head not in state and tied:  # a tied head may be saved only as the embedding
         state[head] = state.get("llm.model.model.embed_tokens.weight", torch.empty(0))
-    expected = lm.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}"
-        for k in sorted(set(state) & set(expected))
-        if state[k].shape != expected[k].shape
-    ]
-    problems = [
-        f"{label} ({len(keys)}): {', '.join(keys[:3])}"
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape", wrong))
-        if keys
-    ]
-    if problems:
-        raise ModelDirError(f"{path}: does not fit the model config: {'; '.join(problems)}")
-    lm.load_state_dict(state, strict=True)
+    load_strict(lm, state, path)
 
 
 def _voices(path: Path, tokenizer: QwenTextTokenizer) -> dict[str, Voice]:
@@ -104,7 +82,7 @@ def _voices(path: Path, tokenizer: QwenTextTokenizer) -> dict[str, Voice]:
     older SFT entries (a speaker vector only)."""
     if not path.is_file():
         return {}
-    table = _torch_load(path)
+    table = read_torch(path)
     voices = {}
     for name, info in table.items():
         try:
@@ -144,11 +122,11 @@ def load_cosyvoice2(directory: Path, device: str = "cpu") -> SpeechModel:
     flow = CosyFlow(fcfg).eval()
     hift = HiFT(hcfg).eval()
     try:
-        load_flow_state(flow, _torch_load(directory / "flow.pt"))
+        load_flow_state(flow, read_torch(directory / "flow.pt"))
     except ValueError as exc:
         raise ModelDirError(f"{directory / 'flow.pt'}: {exc}") from exc
     try:
-        load_hift_state(hift, _torch_load(directory / "hift.pt"))
+        load_hift_state(hift, read_torch(directory / "hift.pt"))
     except ValueError as exc:
         raise ModelDirError(f"{directory / 'hift.pt'}: {exc}") from exc
     random = (directory / "RANDOM_WEIGHTS").is_file()
