@@ -916,3 +916,12 @@ def test_text_that_is_not_valid_unicode_is_refused_up_front() -> None:
     lone_surrogate = '{"type": "speak", "text": "a\\ud800b"}'
     assert_error(send(core, lone_surrogate), ErrorCode.INVALID_PARAMETER)
     assert assert_speaks(core).num == 1
+
+
+def test_a_model_without_voices_says_so_instead_of_failing() -> None:
+    core = SessionCore("s", Catalog(voices=(), model={}, default_voice=""), Limits())
+    assert events(send(core, {"type": "session.start"}))[0]["type"] == "session.created"
+    assert_error(send(core, {"type": "speak", "text": "Hi."}), ErrorCode.UNKNOWN_VOICE)
+    core.catalog.voices = ("added",)  # a voice made with `voice add` appears
+    send(core, {"type": "session.update", "voice": "added"})
+    assert isinstance(send(core, {"type": "speak", "text": "Hi."})[0], OpenTurn)

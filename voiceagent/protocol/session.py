@@ -244,8 +244,14 @@ class SessionCore:
             raise ProtocolError(
                 ErrorCode.DUPLICATE_TURN_ID, f"turn id '{cmd.turn_id[:64]}' was used before"
             )
-        if cmd.voice is not None:
-            check_voice(cmd.voice, set(self.catalog.voices))
+        assert self.settings is not None
+        voice = cmd.voice if cmd.voice is not None else self.settings.voice
+        if not self.catalog.voices:
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_VOICE,
+                "the model has no voices yet; add one (voiceagent voice add) and choose it",
+            )
+        check_voice(voice, set(self.catalog.voices))
         if len(cmd.text) > self.limits.max_text_chars:
             raise ProtocolError(
                 ErrorCode.TEXT_TOO_LONG,
