@@ -3,6 +3,7 @@
 GET  /health       readiness and load
 GET  /v1/voices    voices of the loaded model
 WS   /v1/ws        sessions (docs/protocol.md)
+POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (server/webrtc.py)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..model.voice_store import load_voice
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import Catalog, Limits, SessionCore, error_event
 from .runner import PlayoutConfig, SessionRunner
+from .webrtc import WebRtcConfig, WebRtcGateway
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,7 @@ class ServerConfig:
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
     voices_dir: Path | None = None  # voices added with `voiceagent voice add`
     voices_rescan_s: float = 2.0
+    webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
 
 
 class VoiceServer:
@@ -64,11 +67,13 @@ class VoiceServer:
         )
         self._voice_files: dict[Path, float] = {}
         self.rescan_voices()
+        self.webrtc = WebRtcGateway(self, config.webrtc)  # shares self.sessions
         self.app = Starlette(
             routes=[
                 Route("/health", self.health),
                 Route("/v1/voices", self.voices),
                 WebSocketRoute("/v1/ws", self.websocket),
+                Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
             ],
             lifespan=self._lifespan,
         )
@@ -78,6 +83,7 @@ class VoiceServer:
         task = asyncio.get_running_loop().create_task(self._rescan_forever())
         yield
         task.cancel()
+        await self.webrtc.close_all()  # peer connections hold sockets and tasks
 
     async def _rescan_forever(self) -> None:
         while True:

@@ -1,0 +1,438 @@
+"""WebRTC sessions with real aiortc peers on loopback against the real server: signaling,
+control over the data channel, the paced outbound track, inbound VAD events, bad offers,
+the shared session limit and cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import itertools
+import json
+import shutil
+import subprocess
+import time
+import wave
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.mediastreams import MediaStreamError
+from av import AudioFrame
+from conftest import Client, connect, run
+
+from voiceagent.audio.resample import StreamResampler
+from voiceagent.server.webrtc import FRAME_BYTES, OutboundAudioTrack, WebRtcConfig, mono_float
+
+SENTENCE = "Your order shipped this morning."
+SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero
+
+
+def health(server: Any) -> dict[str, Any]:
+    return dict(httpx.get(server.http + "/health", timeout=5).json())
+
+
+class ClipTrack(MediaStreamTrack):
+    """Client microphone: silence, then `pcm` (48 kHz mono float) once from frame
+    `clip_at` (or from when `play_now()` is called), then silence; 20 ms frames paced in
+    real time (aiortc's sender pulls as fast as recv() returns)."""
+
+    kind = "audio"
+
+    def __init__(self, pcm: np.ndarray, clip_at: int | None = 0) -> None:
+        super().__init__()
+        self.pcm = (np.clip(pcm, -1, 1) * 32767).astype("<i2")
+        self.clip_at = clip_at
+        self.index = 0
+        self.start: float | None = None
+
+    def play_now(self) -> None:
+        self.clip_at = self.index
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self.start is None:
+            self.start = time.monotonic()
+        delay = self.start + self.index * 0.02 - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        k = -1 if self.clip_at is None else self.index - self.clip_at
+        chunk = self.pcm[k * 960 : (k + 1) * 960].tobytes() if k >= 0 else b""
+        frame = AudioFrame(format="s16", layout="mono", samples=960)
+        frame.planes[0].update(chunk.ljust(FRAME_BYTES, b"\0"))
+        frame.pts = self.index * 960
+        frame.sample_rate = 48000
+        frame.time_base = fractions.Fraction(1, 48000)
+        self.index += 1
+        return frame
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    channel: RTCDataChannel
+    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    # (pts, rms, arrival time) of every frame the track delivered
+    frames: list[tuple[int, float, float]] = field(default_factory=list)
+    reader: asyncio.Task[None] | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.channel.send(json.dumps(message))
+
+    async def event(self, kinds: tuple[str, ...], timeout: float = 20) -> dict[str, Any]:
+        """The next event of one of `kinds`, skipping others (VAD events, first_audio...)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = await asyncio.wait_for(self.events.get(), deadline - time.monotonic())
+            if event["type"] in kinds:
+                return event
+            assert event["type"] != "error", event
+
+    async def close(self) -> None:
+        await self.pc.close()
+        if self.reader is not None:
+            self.reader.cancel()
+
+
+async def open_peer(server: Any, mic: MediaStreamTrack | None = None) -> Peer:
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    channel = pc.createDataChannel("control")
+    peer = Peer(pc, channel)
+    channel.on("message", lambda m: peer.events.put_nowait(json.loads(m)))
+    if mic is None:
+        pc.addTransceiver("audio", direction="recvonly")
+    else:
+        pc.addTransceiver(mic, direction="sendrecv")
+
+    async def read(track: MediaStreamTrack) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            x = mono_float(frame)
+            peer.frames.append((frame.pts, float(np.sqrt(np.mean(x**2))), time.monotonic()))
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        peer.reader = asyncio.get_running_loop().create_task(read(track))
+
+    await pc.setLocalDescription(await pc.createOffer())
+    async with httpx.AsyncClient() as http:
+        r = await http.post(
+            server.http + "/v1/webrtc/offer",
+            json={"sdp": pc.localDescription.sdp, "type": "offer"},
+            timeout=10,
+        )
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["type"] == "answer" and "opus/48000" in answer["sdp"].lower()
+    await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+    deadline = time.monotonic() + 10
+    while channel.readyState != "open":
+        assert time.monotonic() < deadline, "data channel did not open"
+        await asyncio.sleep(0.01)
+    return peer
+
+
+def pts_steps(frames: list[tuple[int, float, float]]) -> set[int]:
+    # RTP timestamps start at a random origin and may wrap: differences modulo 2**32
+    return {(b[0] - a[0]) % 2**32 for a, b in itertools.pairwise(frames)}
+
+
+def test_turn_over_data_channel_and_paced_audio_track(server):
+    async def go() -> tuple[Peer, list[dict[str, Any]], float]:
+        peer = await open_peer(server)
+        try:
+            peer.send({"type": "session.start", "format": {"codec": "opus"}})
+            created = await peer.event(("session.created",))
+            # the track carries pcm16 48 kHz to aiortc's Opus encoder, whatever was asked
+            assert created["settings"]["format"]["codec"] == "pcm16"
+            assert created["settings"]["format"]["sample_rate"] == 48000
+            assert health(server)["sessions"] == 1
+            await asyncio.sleep(0.3)  # idle: the track sends silence
+            peer.send({"type": "speak", "text": SENTENCE})
+            events = [await peer.event(("turn.started",))]
+            events.append(await peer.event(("turn.first_audio",)))
+            events.append(await peer.event(("turn.done",), timeout=60))
+            done_at = time.monotonic()
+            await asyncio.sleep(1.0)  # the buffered lead plays out, then silence
+            peer.send({"type": "ping"})
+            events.append(await peer.event(("pong",)))
+            return peer, events, done_at
+        finally:
+            await peer.close()
+
+    peer, events, done_at = run(go())
+    assert [e["type"] for e in events] == ["turn.started", "turn.first_audio", "turn.done", "pong"]
+    sent_ms = events[2]["sent_ms"]
+    assert sent_ms > 500
+    frames = peer.frames
+    assert len(frames) > 50
+    # One clock for idle, turn and idle again: every step is one 20 ms frame, no gaps.
+    assert pts_steps(frames) == {960}
+    loud = [i for i, f in enumerate(frames) if f[1] > SILENT_RMS]
+    assert loud, "no audible frame arrived"
+    assert frames[0][1] <= SILENT_RMS  # silence before the turn
+    # audible frames fit in the turn's span (plus a few frames of Opus/decoder tail)
+    assert len(loud) <= sent_ms // 20 + 5
+    assert loud[-1] - loud[0] + 1 >= 0.5 * sent_ms / 20
+    tail = [f for f in frames if f[2] > done_at + 0.6]
+    assert len(tail) >= 10 and all(f[1] <= SILENT_RMS for f in tail)
+    # real-time pacing: frames arrive at 50 per second, not in a burst
+    span = frames[-1][2] - frames[0][2]
+    assert span == pytest.approx(len(frames) * 0.02, abs=0.25)
+
+
+def test_peer_leaving_mid_turn_is_cleaned_up(server):
+    async def go() -> None:
+        peer = await open_peer(server)
+        peer.send({"type": "session.start"})
+        await peer.event(("session.created",))
+        peer.send({"type": "speak", "text": SENTENCE + " " + SENTENCE})
+        await peer.event(("turn.first_audio",), timeout=60)
+        assert health(server)["sessions"] == 1
+        await peer.close()
+        deadline = time.monotonic() + 10
+        while health(server)["sessions"] != 0:
+            assert time.monotonic() < deadline, "session was not cleaned up"
+            await asyncio.sleep(0.05)
+        assert not server.voice_server.webrtc.sessions
+
+    run(go())
+
+
+@pytest.fixture(scope="module")
+def spoken(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """espeak-ng speech at 48 kHz (float32 mono)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed: no real speech to send")
+    path = Path(tmp_path_factory.mktemp("mic")) / "speech.wav"
+    text = "Hello, I would like to change my delivery address please"
+    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, timeout=30)
+    with wave.open(str(path)) as w:
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+    resampler = StreamResampler(rate, 48000)
+    return np.concatenate([resampler.process(pcm), resampler.flush()])
+
+
+def test_inbound_speech_gives_vad_events(server, spoken):
+    lead_s = 0.6
+    mic = ClipTrack(spoken, clip_at=int(lead_s * 50))
+    speech_ms = spoken.size / 48
+
+    async def go() -> list[dict[str, Any]]:
+        peer = await open_peer(server, mic)
+        try:
+            kinds = ("speech_started", "speech_stopped")
+            started = await peer.event(kinds, timeout=10)
+            stopped = await peer.event(kinds, timeout=10)
+            return [started, stopped]
+        finally:
+            await peer.close()
+
+    started, stopped = run(go())
+    assert started["type"] == "speech_started" and stopped["type"] == "speech_stopped"
+    # t_ms is on the inbound timeline, which starts with the first frame the server
+    # decoded: within a few frames of the mic's first frame.
+    assert abs(started["t_ms"] - lead_s * 1000) <= 200, started
+    assert stopped["t_ms"] - started["t_ms"] == pytest.approx(speech_ms, abs=300)
+
+
+def hostile_bodies() -> list[tuple[bytes, str]]:
+    good_shape = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\n"
+    return [
+        (b"garbage", "invalid_json"),
+        (b"[1, 2]", "invalid_json"),
+        (json.dumps({"sdp": "garbage", "type": "offer"}).encode(), "invalid_sdp"),
+        (json.dumps({"sdp": "", "type": "offer"}).encode(), "invalid_sdp"),
+        (json.dumps({"sdp": 12, "type": "offer"}).encode(), "invalid_sdp"),
+        (json.dumps({"sdp": good_shape, "type": "answer"}).encode(), "invalid_sdp"),
+        (json.dumps({"sdp": good_shape, "type": "offer"}).encode(), "invalid_sdp"),
+        (
+            json.dumps(
+                {"sdp": good_shape + "m=audio 9 UDP/TLS/RTP/SAVPF x\r\n", "type": "offer"}
+            ).encode(),
+            "invalid_sdp",
+        ),
+        (json.dumps({"sdp": "v=0\r\n" + "a=x\r\n" * 50_000, "type": "offer"}).encode(), ""),
+        (b"{" * 100_000, "sdp_too_large"),
+    ]
+
+
+def test_bad_offers_get_400_and_the_server_keeps_serving(server):
+    async def go() -> None:
+        async with httpx.AsyncClient() as http:
+            for body, code in hostile_bodies():
+                r = await http.post(server.http + "/v1/webrtc/offer", content=body, timeout=10)
+                assert r.status_code == 400, (body[:60], r.text)
+                err = r.json()
+                assert err["type"] == "error" and err["code"] in (
+                    "invalid_json",
+                    "invalid_sdp",
+                    "sdp_too_large",
+                )
+                if code:
+                    assert err["code"] == code, (body[:60], err)
+            # a real offer without a data channel, and one without Opus
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            pc.addTransceiver("audio", direction="recvonly")
+            await pc.setLocalDescription(await pc.createOffer())
+            no_channel = pc.localDescription.sdp
+            await pc.close()
+            r = await http.post(
+                server.http + "/v1/webrtc/offer",
+                json={"sdp": no_channel, "type": "offer"},
+                timeout=10,
+            )
+            assert r.status_code == 400 and r.json()["code"] == "invalid_sdp"
+        assert health(server)["sessions"] == 0
+        # a new WebRTC session and a WebSocket session still work
+        peer = await open_peer(server)
+        try:
+            peer.send({"type": "session.start"})
+            await peer.event(("session.created",))
+            peer.send({"type": "bogus"})
+            event = await asyncio.wait_for(peer.events.get(), 10)
+            assert event["type"] == "error" and event["code"] == "unknown_type"
+        finally:
+            await peer.close()
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            await c.send({"type": "ping"})
+            assert (await c.event())["type"] == "pong"
+
+    run(go())
+
+
+def test_session_limit_is_shared_with_websocket_sessions(make_server):
+    server = make_server(max_sessions=1)
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            await Client(ws).start()
+            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+            pc.createDataChannel("control")
+            pc.addTransceiver("audio", direction="recvonly")
+            await pc.setLocalDescription(await pc.createOffer())
+            async with httpx.AsyncClient() as http:
+                r = await http.post(
+                    server.http + "/v1/webrtc/offer",
+                    json={"sdp": pc.localDescription.sdp, "type": "offer"},
+                    timeout=10,
+                )
+            await pc.close()
+            assert r.status_code == 503 and r.json()["code"] == "too_many_sessions"
+        deadline = time.monotonic() + 5
+        while health(server)["sessions"] != 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        peer = await open_peer(server)  # the slot is free again
+        await peer.close()
+
+    run(go())
+
+
+# -- the outbound track on its own ----------------------------------------------------------
+
+
+def test_track_paces_frames_and_never_rewinds_pts():
+    async def go() -> None:
+        track = OutboundAudioTrack(max_frames=4)
+        tone = (np.full(960, 1000, np.int16)).tobytes()
+        for _ in range(3):
+            await track.put(1, tone)
+        await track.put(2, tone[:100])  # a short frame is padded to 20 ms
+        # full: a fifth frame waits for recv() to make room
+        blocked = asyncio.get_running_loop().create_task(track.put(3, tone))
+        await asyncio.sleep(0.05)
+        assert not blocked.done()
+        t0 = time.monotonic()
+        frames = [await track.recv() for _ in range(8)]
+        elapsed = time.monotonic() - t0
+        await blocked
+        assert [f.pts for f in frames] == [960 * i for i in range(8)]
+        assert all(f.sample_rate == 48000 and f.samples == 960 for f in frames)
+        levels = [int(np.abs(f.to_ndarray()).max()) for f in frames]
+        assert levels == [1000, 1000, 1000, 1000, 1000, 0, 0, 0]
+        assert track.played == {1: 3, 2: 1, 3: 1}
+        assert elapsed == pytest.approx(7 * 0.02, abs=0.03)  # absolute clock from frame 0
+        # a cancelled turn's queued frames are dropped; pts carries on
+        await track.put(4, tone)
+        await track.put(5, tone)
+        assert track.drop_turn(4) == 1
+        nxt = await track.recv()
+        assert nxt.pts == 8 * 960 and track.played[5] == 1
+        track.stop()
+
+    run(go())
+
+
+def test_barge_in_cancels_the_playing_turn(make_server, spoken):
+    server = make_server(webrtc=WebRtcConfig(barge_in=True))
+    mic = ClipTrack(spoken, clip_at=None)
+
+    async def go() -> tuple[Peer, dict[str, Any], dict[str, Any], float]:
+        peer = await open_peer(server, mic)
+        try:
+            peer.send({"type": "session.start"})
+            await peer.event(("session.created",))
+            peer.send({"type": "speak", "text": " ".join([SENTENCE] * 4)})
+            await peer.event(("turn.first_audio",), timeout=60)
+            await asyncio.sleep(0.5)
+            mic.play_now()  # the user talks over the bot
+            onset = await peer.event(("speech_started", "turn.done"), timeout=10)
+            cancelled = await peer.event(("turn.cancelled", "turn.done"), timeout=10)
+            at = time.monotonic()
+            await asyncio.sleep(0.8)
+            return peer, onset, cancelled, at
+        finally:
+            await peer.close()
+
+    peer, onset, cancelled, at = run(go())
+    assert onset["type"] == "speech_started"
+    assert cancelled["type"] == "turn.cancelled" and cancelled["reason"] == "barge_in"
+    # the bot played ~0.5 s + VAD onset delay before it was cut off
+    assert 400 <= cancelled["played_ms"] <= cancelled["sent_ms"]
+    assert cancelled["played_ms"] <= 1500
+    # the queued lead is dropped: silence within a few frames (network + jitter buffer)
+    late = [f for f in peer.frames if f[2] > at + 0.3]
+    assert len(late) >= 10 and all(f[1] <= SILENT_RMS for f in late)
+    assert pts_steps(peer.frames) == {960}
+
+
+def test_an_offer_never_completed_times_out(make_server):
+    server = make_server(webrtc=WebRtcConfig(connect_timeout_s=0.5))
+
+    async def go() -> None:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        pc.createDataChannel("control")
+        pc.addTransceiver("audio", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                server.http + "/v1/webrtc/offer",
+                json={"sdp": pc.localDescription.sdp, "type": "offer"},
+                timeout=10,
+            )
+        assert r.status_code == 200
+        await pc.close()  # the answer is never applied: no ICE, no DTLS from this side
+        assert health(server)["sessions"] == 1
+        deadline = time.monotonic() + 5
+        while health(server)["sessions"] != 0:
+            assert time.monotonic() < deadline, "unconnected session was not dropped"
+            await asyncio.sleep(0.05)
+
+    run(go())

@@ -1,0 +1,481 @@
+"""WebRTC sessions (aiortc): the same session protocol as the WebSocket, another transport.
+
+POST /v1/webrtc/offer   {"sdp": ..., "type": "offer"} -> {"sdp": ..., "type": "answer"}
+
+The offer must hold one audio m-line and one data channel (m=application). Control is
+the WebSocket protocol's JSON, over the data channel, run by the same SessionCore and
+SessionRunner; audio goes out on the audio track instead of as binary messages. The
+session's output is forced to pcm16 at 48 kHz so frames can be handed to aiortc, which
+encodes them as Opus. Inbound audio feeds a VoiceActivity detector whose events
+(`speech_started` / `speech_stopped`, with `t_ms` on the inbound audio timeline) go out on
+the data channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fractions
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import av
+import numpy as np
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCDataChannel,
+    RTCIceServer,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
+from aiortc import sdp as aiortc_sdp
+from aiortc.mediastreams import MediaStreamError
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from ..audio.vad import VoiceActivity
+from ..protocol.errors import ErrorCode
+from ..protocol.frames import unpack
+from ..protocol.session import Action, SessionCore
+from .runner import SessionRunner
+
+if TYPE_CHECKING:
+    from .app import VoiceServer
+
+log = logging.getLogger(__name__)
+
+RATE = 48000
+FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus frame
+FRAME_S = FRAME_SAMPLES / RATE
+FRAME_BYTES = FRAME_SAMPLES * 2
+# The track's format; a client's `format` setting is ignored on WebRTC (the codec and
+# rate are negotiated in SDP instead).
+FORCED_FORMAT = {"codec": "pcm16", "sample_rate": RATE}
+
+
+@dataclass(frozen=True)
+class WebRtcConfig:
+    max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
+    connect_timeout_s: float = 20.0  # from answer to connected, else the session is dropped
+    track_buffer_frames: int = 25  # frames queued ahead of real time at most (500 ms)
+    max_inbox: int = 256  # unprocessed control messages before a session is dropped
+    ice_servers: tuple[str, ...] = ()  # none by default: aiortc's default is a public STUN
+    vad_aggressiveness: int = 2
+    vad_frame_ms: int = 20
+    vad_min_speech_ms: int = 120
+    vad_hangover_ms: int = 400
+    # Barge-in: speech onset from the peer cancels the bot's turns (as a `cancel` would);
+    # the turn.cancelled event then says `reason: barge_in`.
+    barge_in: bool = False
+
+
+class OfferError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+# -- outbound audio ---------------------------------------------------------------------
+
+
+class OutboundAudioTrack(MediaStreamTrack):
+    """20 ms pcm16 48 kHz frames out, paced on an absolute monotonic clock.
+
+    `recv()` returns the next queued frame, or silence when none is queued; pts grows by
+    960 on every frame forever (across turns, cancels and idle gaps), so the RTP
+    timestamps never rewind. Producers `put()` and wait while the queue is full, which
+    keeps only a small buffer ahead of real time.
+    """
+
+    kind = "audio"
+
+    def __init__(self, max_frames: int = 25, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.max_frames = max_frames
+        self._clock = clock
+        self._queue: deque[tuple[int, bytes]] = deque()
+        self._space = asyncio.Event()
+        self._start: float | None = None
+        self._index = 0  # frames returned so far; pts = index * 960
+        self.played: dict[int, int] = {}  # turn -> frames of it returned by recv()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def put(self, turn: int, pcm: bytes) -> None:
+        if len(pcm) != FRAME_BYTES:  # a short last frame: pad (or trim) to 20 ms
+            pcm = pcm[:FRAME_BYTES].ljust(FRAME_BYTES, b"\0")
+        while len(self._queue) >= self.max_frames:
+            self._space.clear()
+            await self._space.wait()
+        self._queue.append((turn, pcm))
+
+    def drop_turn(self, turn: int) -> int:
+        """Discard the queued frames of a cancelled turn; return how many were dropped."""
+        before = len(self._queue)
+        self._queue = deque(item for item in self._queue if item[0] != turn)
+        self._space.set()
+        return before - len(self._queue)
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        now = self._clock()
+        if self._start is None:
+            self._start = now
+        due = self._start + self._index * FRAME_S
+        if due > now:
+            await asyncio.sleep(due - now)
+        elif now - due > 0.2:
+            # The loop stalled: re-anchor the clock instead of bursting to catch up.
+            # Only the wall-clock anchor moves; pts keeps counting.
+            self._start = now - self._index * FRAME_S
+        if self._queue:
+            turn, pcm = self._queue.popleft()
+            self.played[turn] = self.played.get(turn, 0) + 1
+            self._space.set()
+        else:
+            pcm = bytes(FRAME_BYTES)
+        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
+        frame.planes[0].update(pcm)
+        frame.pts = self._index * FRAME_SAMPLES
+        frame.sample_rate = RATE
+        frame.time_base = fractions.Fraction(1, RATE)
+        self._index += 1
+        return frame
+
+
+def mono_float(frame: av.AudioFrame) -> np.ndarray:
+    """Downmix any aiortc-decoded frame (packed or planar, int16 or float) to mono float."""
+    arr = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        mono = arr.reshape(channels, -1).mean(axis=0)
+    else:
+        mono = arr.reshape(-1, channels).mean(axis=1)
+    if arr.dtype == np.int16:
+        mono = mono / 32768.0
+    elif arr.dtype == np.int32:
+        mono = mono / 2147483648.0
+    return np.asarray(mono, dtype=np.float32)
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+class WebRtcCore(SessionCore):
+    """SessionCore with the output format pinned to what the audio track carries."""
+
+    def _start(self, changes: dict[str, Any]) -> list[Action]:
+        return super()._start({**changes, "format": FORCED_FORMAT})
+
+    def _update(self, changes: dict[str, Any]) -> list[Action]:
+        if "format" in changes:
+            changes = {**changes, "format": FORCED_FORMAT}
+        return super()._update(changes)
+
+
+class WebRtcSession:
+    def __init__(self, gateway: WebRtcGateway, pc: RTCPeerConnection) -> None:
+        self.gateway = gateway
+        self.server = gateway.server
+        self.config = gateway.config
+        self.pc = pc
+        self.id = uuid.uuid4().hex[:16]
+        self.track = OutboundAudioTrack(self.config.track_buffer_frames)
+        self.channel: RTCDataChannel | None = None
+        self.core = WebRtcCore(self.id, self.server.catalog, self.server.config.limits)
+        self.runner = SessionRunner(
+            self.core,
+            self.server.engine,
+            self._send_text,
+            self._send_bytes,
+            self.server.config.playout,
+        )
+        self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(self.config.max_inbox)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closing: asyncio.Task[None] | None = None
+        self._barging = False
+        self.closed = asyncio.Event()
+        pc.on("datachannel", self._on_datachannel)
+        pc.on("track", self._on_track)
+        pc.on("connectionstatechange", self._on_state)
+        self._spawn(self._control())
+        self._spawn(self._connect_deadline())
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- transport for the runner ---------------------------------------------------------
+
+    async def _send_text(self, text: str) -> None:
+        channel = self.channel
+        if channel is None or channel.readyState != "open":
+            raise ConnectionError("data channel is not open")
+        if '"turn.cancelled"' in text:  # frames of a cancelled turn must not be heard
+            event = json.loads(text)
+            if event.get("type") == "turn.cancelled":
+                # What the peer has been sent on the track (the rest of the lead is
+                # dropped), as opposed to sent_ms: what the runner had queued.
+                event["played_ms"] = self.track.played.get(int(event["turn"]), 0) * 20
+                if self._barging:
+                    event["reason"] = "barge_in"
+                self.track.drop_turn(int(event["turn"]))
+                text = json.dumps(event)
+        channel.send(text)
+
+    async def _send_bytes(self, data: bytes) -> None:
+        frame = unpack(data)
+        if frame.codec != "pcm16":  # cannot happen with WebRtcCore; never feed the track junk
+            log.warning("session %s: dropping a %s frame", self.id, frame.codec)
+            return
+        await self.track.put(frame.turn, frame.payload)
+
+    def send_event(self, event: dict[str, Any]) -> None:
+        """Best effort: an event with no open channel to carry it is dropped."""
+        if self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(json.dumps(event))
+
+    # -- peer connection events -----------------------------------------------------------
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        if self.channel is not None:  # one control channel per session; ignore others
+            return
+        self.channel = channel
+
+        @channel.on("message")
+        def on_message(message: str | bytes) -> None:
+            try:
+                self._inbox.put_nowait(message)
+            except asyncio.QueueFull:
+                log.warning("session %s: control messages flooded in; closing", self.id)
+                self.close_soon()
+
+        @channel.on("close")
+        def on_close() -> None:
+            self.close_soon()  # without control the session is useless
+
+    def _on_track(self, track: MediaStreamTrack) -> None:
+        if track.kind == "audio":
+            self._spawn(self._listen(track))
+
+    def _on_state(self) -> None:
+        if self.pc.connectionState in ("failed", "closed"):
+            self.close_soon()
+
+    async def _connect_deadline(self) -> None:
+        await asyncio.sleep(self.config.connect_timeout_s)
+        if self.pc.connectionState != "connected":
+            log.info("session %s: not connected after %ss", self.id, self.config.connect_timeout_s)
+            self.close_soon()
+
+    async def _control(self) -> None:
+        while True:
+            message = await self._inbox.get()
+            try:
+                if isinstance(message, str):
+                    await self.runner.on_text(message)
+                else:
+                    await self.runner.on_bytes(message)
+            except ConnectionError:
+                self.close_soon()
+                return
+            except Exception:
+                log.exception("session %s failed", self.id)
+                self.close_soon()
+                return
+
+    async def _listen(self, track: MediaStreamTrack) -> None:
+        """Inbound audio -> VAD -> events on the data channel. Reading also keeps aiortc's
+        unbounded receive queue drained."""
+        vad: VoiceActivity | None = None
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            if not isinstance(frame, av.AudioFrame):
+                continue
+            if vad is None or vad.sample_rate != frame.sample_rate:
+                vad = VoiceActivity(
+                    frame.sample_rate,
+                    aggressiveness=self.config.vad_aggressiveness,
+                    frame_ms=self.config.vad_frame_ms,
+                    min_speech_ms=self.config.vad_min_speech_ms,
+                    hangover_ms=self.config.vad_hangover_ms,
+                )
+            for kind, t_ms in vad.feed(mono_float(frame)):
+                self.send_event({"type": kind, "t_ms": t_ms})
+                if kind == "speech_started" and self.config.barge_in and self.core.started:
+                    await self._barge_in()
+
+    async def _barge_in(self) -> None:
+        # The public cancel path: the core emits turn.cancelled for every live turn (none
+        # live: no action at all), the runner stops them, _send_text drops their frames.
+        self._barging = True
+        try:
+            await self.runner.execute(self.core.receive_text('{"type": "cancel"}'))
+        except ConnectionError:
+            self.close_soon()
+        finally:
+            self._barging = False
+
+    # -- teardown -------------------------------------------------------------------------
+
+    def close_soon(self) -> None:
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(self.close())
+
+    async def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()  # first: no second close, and the slot is released exactly once
+        self.gateway.release(self)
+        current = asyncio.current_task()
+        for task in list(self._tasks):
+            if task is not current:
+                task.cancel()
+        with contextlib.suppress(Exception):
+            await self.runner.close()
+        self.track.stop()
+        with contextlib.suppress(Exception):
+            await self.pc.close()
+        log.info("session %s closed", self.id)
+
+
+# -- signaling --------------------------------------------------------------------------
+
+
+class WebRtcGateway:
+    """Accepts offers and owns the WebRTC sessions of one VoiceServer."""
+
+    def __init__(self, server: VoiceServer, config: WebRtcConfig | None = None) -> None:
+        self.server = server
+        self.config = config or WebRtcConfig()
+        self.sessions: set[WebRtcSession] = set()
+
+    def release(self, session: WebRtcSession) -> None:
+        if session in self.sessions:
+            self.sessions.discard(session)
+            self.server.sessions -= 1
+
+    async def close_all(self) -> None:
+        for session in list(self.sessions):
+            await session.close()
+
+    async def offer(self, request: Request) -> JSONResponse:
+        try:
+            offer = await self._read_offer(request)
+        except OfferError as err:
+            return _error(err)
+        limit = self.server.config.max_sessions
+        if self.server.sessions >= limit:
+            msg = f"server is at its limit of {limit} sessions; retry later"
+            return _error(OfferError(str(ErrorCode.TOO_MANY_SESSIONS), msg, 503))
+        # Take the slot before the first await, so concurrent offers cannot overshoot.
+        self.server.sessions += 1
+        ice = [RTCIceServer(url) for url in self.config.ice_servers]
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
+        session: WebRtcSession | None = None
+        try:
+            session = WebRtcSession(self, pc)
+            self.sessions.add(session)
+            answer = await self._negotiate(session, offer)
+        except OfferError as err:
+            await self._abandon(session, pc)
+            return _error(err)
+        except Exception as exc:
+            log.exception("answering a WebRTC offer failed")
+            await self._abandon(session, pc)
+            return _error(OfferError("internal_error", f"could not answer the offer: {exc}", 500))
+        return JSONResponse({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+    async def _abandon(self, session: WebRtcSession | None, pc: RTCPeerConnection) -> None:
+        if session is not None:
+            await session.close()
+        else:
+            self.server.sessions -= 1
+            with contextlib.suppress(Exception):
+                await pc.close()
+
+    async def _read_offer(self, request: Request) -> RTCSessionDescription:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.config.max_body_bytes:
+                raise OfferError(
+                    "sdp_too_large", f"body larger than {self.config.max_body_bytes} bytes"
+                )
+        try:
+            obj = json.loads(body)
+        except (ValueError, RecursionError):
+            raise OfferError("invalid_json", "body must be JSON: {sdp, type}") from None
+        if not isinstance(obj, dict):
+            raise OfferError("invalid_json", "body must be a JSON object: {sdp, type}")
+        if obj.get("type") != "offer":
+            raise OfferError("invalid_sdp", "'type' must be \"offer\"")
+        sdp = obj.get("sdp")
+        if not isinstance(sdp, str) or not sdp.strip():
+            raise OfferError("invalid_sdp", "'sdp' must be a non-empty string")
+        if not sdp.lstrip().startswith("v=0"):
+            raise OfferError("invalid_sdp", "'sdp' is not an SDP session description")
+        try:
+            parsed = aiortc_sdp.SessionDescription.parse(sdp)
+        except Exception as exc:  # aiortc's parser raises whatever it meets on junk
+            raise OfferError("invalid_sdp", f"'sdp' does not parse: {exc!r}"[:300]) from None
+        kinds = sorted(m.kind for m in parsed.media)
+        if kinds != ["application", "audio"]:
+            raise OfferError(
+                "invalid_sdp",
+                "the offer must hold exactly one audio m-line and one data channel "
+                f"(m=application); it has: {', '.join(kinds) or 'none'}",
+            )
+        return RTCSessionDescription(sdp=sdp, type="offer")
+
+    async def _negotiate(
+        self, session: WebRtcSession, offer: RTCSessionDescription
+    ) -> RTCSessionDescription:
+        pc = session.pc
+        try:
+            await pc.setRemoteDescription(offer)
+        except Exception as exc:
+            raise OfferError("invalid_sdp", f"offer rejected: {exc!r}"[:300]) from None
+        audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
+        opus = [
+            c
+            for c in RTCRtpSender.getCapabilities("audio").codecs
+            if c.mimeType.lower() == "audio/opus"
+        ]
+        audio.setCodecPreferences(opus)
+        pc.addTrack(session.track)
+        try:
+            answer = await pc.createAnswer()
+        except Exception as exc:  # e.g. no Opus in the offer
+            raise OfferError("invalid_sdp", f"cannot answer the offer: {exc!r}"[:300]) from None
+        await pc.setLocalDescription(answer)  # gathers ICE candidates (no trickle)
+        local = pc.localDescription
+        if not any(
+            m.kind == "audio" and any(c.mimeType.lower() == "audio/opus" for c in m.rtp.codecs)
+            for m in aiortc_sdp.SessionDescription.parse(local.sdp).media
+        ):
+            raise OfferError("invalid_sdp", "the offer has no Opus at 48 kHz for the audio")
+        return local
+
+
+def _error(err: OfferError) -> JSONResponse:
+    return JSONResponse(
+        {"type": "error", "code": err.code, "message": err.message}, status_code=err.status
+    )
