@@ -40,7 +40,15 @@ def _serve(args: argparse.Namespace) -> int:
     from .server.runner import PlayoutConfig
 
     model = load_model(args.model, args.device)
-    engine = EmbeddedEngine(model, max_batch=args.max_batch, threads=args.threads)
+    lm = None
+    if args.engine == "sglang":
+        from .engine.sglang_lm import SGLangLM
+
+        if not args.sglang_url or not args.sglang_export:
+            print("error: --engine sglang needs --sglang-url and --sglang-export", file=sys.stderr)
+            return 2
+        lm = SGLangLM(model, args.sglang_url, Path(args.sglang_export), args.sglang_timeout)
+    engine = EmbeddedEngine(model, max_batch=args.max_batch, threads=args.threads, lm=lm)
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -165,6 +173,17 @@ def _voice_add(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_sglang(args: argparse.Namespace) -> int:
+    from .engine.sglang_export import export_sglang
+
+    meta = export_sglang(load_model(args.model, "cpu"), Path(args.out))
+    print(
+        f"wrote {args.out}: Qwen2ForCausalLM, speech tokens at {meta['speech_offset']}+; serve "
+        "it with sglang.launch_server --skip-tokenizer-init --model-path " + args.out
+    )
+    return 0
+
+
 def _make_tiny(args: argparse.Namespace) -> int:
     checkpoint.save(checkpoint.build_random(seed=args.seed), Path(args.directory))
     print(f"wrote a random-weight tiny checkpoint to {args.directory}")
@@ -199,7 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda if present)")
     s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    s.add_argument("--engine", choices=["embedded", "sglang"], default="embedded")
+    s.add_argument("--sglang-url", help="SGLang server, e.g. http://127.0.0.1:30000")
+    s.add_argument("--sglang-export", help="the directory written by export-sglang")
+    s.add_argument("--sglang-timeout", type=float, default=30.0, help="seconds per request")
     s.set_defaults(func=_serve)
+
+    s = sub.add_parser("export-sglang", help="write the LM as a Qwen2 checkpoint for SGLang")
+    s.add_argument("--model", help="model directory (default: the tiny model)")
+    s.add_argument("--out", required=True, help="directory to write")
+    s.set_defaults(func=_export_sglang)
 
     s = sub.add_parser("say", help="synthesize text to an Ogg Opus or WAV file")
     s.add_argument("text")

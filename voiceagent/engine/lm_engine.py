@@ -29,6 +29,10 @@ class EngineError(RuntimeError):
     """The engine could not produce tokens (a bug, or out of capacity)."""
 
 
+class EngineUnavailable(EngineError):
+    """The LM server cannot be reached or stopped answering."""
+
+
 class TokenStream:
     """Speech tokens of one LM request, as lists of new tokens; `cancel()` aborts it."""
 

@@ -18,7 +18,7 @@ import torch
 from ..audio.encoders import make_encoder
 from ..engine.acoustic import AcousticStream, ChunkResult
 from ..engine.embedded import EmbeddedEngine
-from ..engine.lm_engine import TokenStream
+from ..engine.lm_engine import EngineUnavailable, TokenStream
 from ..model.flow import PAD_TOKEN
 from ..model.sampling import SamplingParams
 from ..model.speech_model import Voice
@@ -65,6 +65,7 @@ class TurnStats:
     audio_samples: int = 0  # at 24 kHz
     tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the LM server found in its prefix cache
     chunks: int = 0
 
     @property
@@ -179,6 +180,9 @@ class Turn:
             self.output.put_nowait(None)
         except asyncio.CancelledError:
             raise
+        except EngineUnavailable as exc:
+            log.warning("turn %s: %s", self.id, exc)
+            self.output.put_nowait(TurnFailed("engine_unavailable", str(exc)))
         except Exception as exc:
             log.exception("turn %s failed", self.id)
             self.output.put_nowait(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
@@ -205,12 +209,13 @@ class Turn:
         final = False
         while (segment := await self._segments.get()) is not None:
             pending: list[int] = []
-            async for new in await self._tokens_of(segment):
+            async for new in (lm := await self._tokens_of(segment)):
                 self.tokens += new
                 pending += new
                 while len(pending) >= (n := self.schedule.size(self.stats.chunks)) + look:
                     await self._chunk(pending[: n + look], final=False)
                     pending = pending[n:]
+            self.stats.cached_tokens += lm.cached_tokens
             # End of segment: the tail gets zero lookahead; flow state carries on. It is
             # the turn's last chunk when only the end marker is left in the queue.
             final = self._text_ended and self._segments.qsize() == 1

@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     TURN_QUEUE_FULL = "turn_queue_full"
     TOO_MANY_SESSIONS = "too_many_sessions"
     SYNTHESIS_FAILED = "synthesis_failed"
+    ENGINE_UNAVAILABLE = "engine_unavailable"  # the LM server (SGLang) cannot be reached
     INTERNAL_ERROR = "internal_error"
 
 

@@ -116,17 +116,19 @@ class VoiceServer:
             self.catalog.default_voice = self.catalog.voices[0]
 
     async def health(self, request: Request) -> JSONResponse:
+        ready = await self.engine.ready()
         return JSONResponse(
             {
-                "status": "ok",
-                "ready": True,
+                "status": "ok" if ready else "engine_unavailable",
+                "ready": ready,
                 "engine": self.engine.name,
                 "model": self.catalog.model["name"],
                 "sessions": self.sessions,
                 "max_sessions": self.config.max_sessions,
                 "random_weights": self.catalog.model["random_weights"],
                 "lm_load": self.engine.lm.load,
-            }
+            },
+            status_code=200 if ready else 503,  # load balancers route around us
         )
 
     async def voices(self, request: Request) -> JSONResponse:

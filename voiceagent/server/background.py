@@ -9,6 +9,7 @@ import time
 import uvicorn
 
 from ..engine.embedded import EmbeddedEngine
+from ..engine.sglang_lm import SGLangLM
 from ..model.checkpoint import SpeechModel
 from .app import ServerConfig, VoiceServer, uvicorn_config
 
@@ -20,8 +21,10 @@ def free_port() -> int:
 
 
 class BackgroundServer:
-    def __init__(self, model: SpeechModel, config: ServerConfig) -> None:
-        self.engine = EmbeddedEngine(model)
+    def __init__(
+        self, model: SpeechModel, config: ServerConfig, lm: SGLangLM | None = None
+    ) -> None:
+        self.engine = EmbeddedEngine(model, lm=lm)
         self.voice_server = VoiceServer(self.engine, config)
         self._uvicorn = uvicorn.Server(uvicorn_config(self.voice_server, log_level="warning"))
         self._thread = threading.Thread(target=self._uvicorn.run, daemon=True)

@@ -178,5 +178,6 @@ class SessionRunner:
             "rtf": None if st.rtf is None else round(st.rtf, 4),
             "tokens": st.tokens,
             "prompt_tokens": st.prompt_tokens,
+            "cached_tokens": st.cached_tokens,
             "chunks": st.chunks,
         }

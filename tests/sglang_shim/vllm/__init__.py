@@ -1,0 +1,1 @@
+# Test environment only: see _custom_ops.py.

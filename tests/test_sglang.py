@@ -1,0 +1,233 @@
+"""The LM exported for SGLang, served by a real, stock SGLang server on this CPU.
+
+SGLang lives in its own venv (`bash deploy/setup-sglang.sh` -> .venv-sglang, or
+VOICEAGENT_SGLANG_PYTHON). Without it the SGLang tests skip and say so; CI installs it.
+The only test-environment aid is tests/sglang_shim (a stand-in for a vllm import that
+SGLang makes on non-CUDA platforms; see the file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import Client, connect, run
+
+from voiceagent.engine.embedded import EmbeddedEngine
+from voiceagent.engine.sglang_export import META, export_sglang
+from voiceagent.engine.sglang_lm import SGLangLM
+from voiceagent.model.sampling import SamplingParams
+from voiceagent.model.speech_model import SpeechModel
+from voiceagent.server.app import ServerConfig
+from voiceagent.server.background import BackgroundServer, free_port
+from voiceagent.server.runner import PlayoutConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SGLANG_PYTHON = Path(os.environ.get("VOICEAGENT_SGLANG_PYTHON", ROOT / ".venv-sglang/bin/python"))
+needs_sglang = pytest.mark.skipif(
+    not SGLANG_PYTHON.exists(),
+    reason=f"SGLang is not installed at {SGLANG_PYTHON} (run: bash deploy/setup-sglang.sh)",
+)
+
+
+def test_export_merges_the_vocabularies(tmp_path, tiny_model):
+    meta = export_sglang(tiny_model, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    lm = tiny_model.lm
+    t, s = meta["text_vocab"], meta["speech_vocab"]
+    assert config["architectures"] == ["Qwen2ForCausalLM"] and config["vocab_size"] % 64 == 0
+    embed, head = state["model.embed_tokens.weight"], state["lm_head.weight"]
+    assert torch.equal(embed[:t], lm.llm.model.model.embed_tokens.weight)
+    assert torch.equal(embed[t : t + s], lm.speech_embedding.weight)
+    assert torch.equal(embed[meta["sos_id"]], lm.llm_embedding.weight[0])
+    assert torch.equal(head[t : t + s], lm.llm_decoder.weight)
+    assert not head[:t].any() and not head[t + s :].any()  # only speech ids can win
+    assert meta["decoder_bias"] == lm.llm_decoder.bias.tolist()  # travels in logit_bias
+    assert json.loads((tmp_path / META).read_text())["stop_ids"] == [t + 6561, t + 6562, t + 6563]
+
+
+class SGLangServer:
+    def __init__(self, model_dir: Path, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "sglang_shim")}
+        cmd = [
+            str(SGLANG_PYTHON), "-m", "sglang.launch_server", "--model-path", str(model_dir),
+            "--device", "cpu", "--attention-backend", "torch_native",
+            "--sampling-backend", "pytorch", "--skip-tokenizer-init",
+            "--incremental-streaming-output", "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+        self.log = log
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"SGLang did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(1)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def sglang(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: SpeechModel
+) -> Iterator[tuple[SGLangServer, Path]]:
+    if not SGLANG_PYTHON.exists():
+        pytest.skip(
+            f"SGLang is not installed at {SGLANG_PYTHON} (run: bash deploy/setup-sglang.sh)"
+        )
+    out = tmp_path_factory.mktemp("sglang-export")
+    export_sglang(tiny_model, out)
+    server = SGLangServer(out, out / "sglang.log")
+    yield server, out
+    server.kill()
+
+
+async def _tokens(lm, model: SpeechModel, temperature: float, min_len: int, max_len: int):
+    voice = model.voices["agent"]
+    text = model.tokenizer.encode("Hello there, how are you?")
+    stream = lm.generate(
+        text, voice, SamplingParams(temperature=temperature), torch.Generator(), min_len, max_len
+    )
+    tokens: list[int] = []
+    async for new in stream:
+        tokens += new
+    return tokens, stream
+
+
+@needs_sglang
+def test_sglang_greedy_tokens_equal_the_embedded_engine(sglang, tiny_model):
+    server, export = sglang
+    sg = SGLangLM(tiny_model, server.url, export)
+    embedded = EmbeddedEngine(tiny_model)
+    embedded.start()
+    try:
+        theirs, stream = run(_tokens(sg, tiny_model, 0.0, 12, 40))
+        ours, _ = run(_tokens(embedded.lm, tiny_model, 0.0, 12, 40))
+    finally:
+        embedded.stop()
+    assert len(ours) == 40 and theirs == ours  # decoder bias and min length carried over
+    assert stream.cached_tokens > 0  # the second phase reused the first one's prefix
+
+
+@needs_sglang
+def test_eight_sessions_stream_through_sglang_and_report_cached_tokens(sglang, tiny_model):
+    server, export = sglang
+    config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
+    voices = ["agent", "narrator", "supervisor"]
+    with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, server.url, export)) as vs:
+
+        async def session(i: int):
+            async with connect(vs.url) as ws:
+                c = Client(ws)
+                await c.start(voice=voices[i % 3], sampling={"seed": i})
+                first = await c.speak(f"Caller {i} is on the line.")
+                again = await c.speak(f"Caller {i} is on the line.")
+                return first, again
+
+        async def together():
+            return await asyncio.gather(*(session(i) for i in range(8)))
+
+        results = run(together())
+    for first, again in results:
+        assert first.frames and first.event("turn.done")["timings"]["tokens"] > 0
+        # The repeated voice prompt is a shared prefix: SGLang reports it cached.
+        assert again.event("turn.done")["timings"]["cached_tokens"] > 0
+
+
+@needs_sglang
+def test_cancel_aborts_the_request_on_sglang(sglang, tiny_model):
+    server, export = sglang
+    lm = SGLangLM(tiny_model, server.url, export)
+    config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
+    with BackgroundServer(tiny_model, config, lm) as vs:
+
+        async def go():
+            async with connect(vs.url) as ws:
+                c = Client(ws)
+                await c.start()
+                await c.send({"type": "speak", "text": "A long answer. " * 20, "turn_id": "x"})
+                while not isinstance(await ws.recv(), bytes):
+                    pass
+                assert lm.load == 1
+                await c.send({"type": "cancel"})
+                cancelled = await c.turn(until=("turn.cancelled",))
+                await asyncio.sleep(0.5)
+                return cancelled
+
+        cancelled = run(go())
+    assert cancelled.event("turn.cancelled")["turn_id"] == "x"
+    assert lm.load == 0
+    assert "/abort_request" in server.log.read_text()
+
+
+def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path):
+    export_sglang(tiny_model, tmp_path)
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    config = ServerConfig(port=free_port())
+    with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, nowhere, tmp_path)) as vs:
+        try:
+            urllib.request.urlopen(vs.http + "/health", timeout=5)
+            raise AssertionError("health must not be 200 while SGLang is down")
+        except urllib.error.HTTPError as err:
+            assert err.code == 503 and json.loads(err.read())["ready"] is False
+
+        async def go():
+            async with connect(vs.url) as ws:
+                c = Client(ws)
+                await c.start()
+                t0 = time.monotonic()
+                r = await c.speak("Anyone there?")
+                return r, time.monotonic() - t0
+
+        r, waited = run(go())
+    error = r.event("error")
+    assert error["code"] == "engine_unavailable" and error["turn_id"] == "t1"
+    assert waited < 5
+
+
+@needs_sglang
+def test_sglang_killed_mid_turn_fails_the_turn_within_a_second(sglang, tiny_model):
+    """Runs last in this module: it kills the shared SGLang server."""
+    server, export = sglang
+    config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
+    with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, server.url, export)) as vs:
+
+        async def go():
+            async with connect(vs.url) as ws:
+                c = Client(ws)
+                await c.start()
+                await c.send({"type": "speak", "text": "A long answer. " * 20})
+                while not isinstance(await ws.recv(), bytes):
+                    pass
+                server.kill()
+                t0 = time.monotonic()
+                r = await c.turn(until=("turn.done",))
+                return r, time.monotonic() - t0
+
+        r, waited = run(go())
+    assert r.event("error")["code"] == "engine_unavailable"
+    assert waited < 1.0

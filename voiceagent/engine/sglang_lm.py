@@ -1,0 +1,201 @@
+"""LM backend on an SGLang server: the exported model (`export-sglang`) decodes the
+speech tokens; voiceagent streams them back over HTTP.
+
+Each LM request is `POST /generate` with `input_ids` and `stream: true`. SGLang cannot
+apply a minimum length without its tokenizer, so a request with a minimum runs in two
+phases: first exactly `min_len` tokens with the stop tokens pushed down (logit_bias),
+then the rest with the stop tokens allowed; the second phase's prompt repeats the first
+(SGLang's prefix cache makes that free). Cancel aborts the request on the server
+(`/abort_request` with its rid) so no accelerator time is wasted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from ..model.sampling import SamplingParams
+from ..model.speech_model import SpeechModel, Voice
+from .lm_engine import EngineError, EngineUnavailable, TokenStream
+from .sglang_export import META, logit_bias, prompt_ids
+
+log = logging.getLogger(__name__)
+
+
+class SGLangLM:
+    def __init__(
+        self,
+        model: SpeechModel,
+        url: str,
+        export_dir: Path,
+        timeout_s: float = 30.0,
+    ) -> None:
+        meta_path = export_dir / META
+        if not meta_path.is_file():
+            raise EngineError(f"{meta_path}: missing; run `voiceagent export-sglang` first")
+        self.meta: dict[str, Any] = json.loads(meta_path.read_text())
+        self.model = model
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._bias = logit_bias(self.meta)
+        self._no_stop = {
+            **self._bias,
+            **{str(t): -self.meta["speech_lift"] for t in self.meta["stop_ids"]},
+        }
+        self._active: set[str] = set()
+        self._aborts: set[asyncio.Task[None]] = set()
+        self._client: httpx.AsyncClient | None = None
+        self.steps = 0
+
+    # The embedded engine's interface -----------------------------------------------------
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def load(self) -> int:
+        return len(self._active)
+
+    async def healthy(self) -> bool:
+        try:
+            r = await self._http().get(f"{self.url}/health", timeout=2.0)
+            return r.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def generate(
+        self,
+        text_ids: list[int],
+        voice: Voice,
+        params: SamplingParams,
+        gen: torch.Generator,
+        min_len: int,
+        max_len: int,
+    ) -> TokenStream:
+        loop = asyncio.get_running_loop()
+        rid = uuid.uuid4().hex
+        ids = prompt_ids(
+            self.meta, list(voice.prompt_text_ids) + text_ids, list(voice.prompt_tokens)
+        )
+        task: asyncio.Task[None] | None = None
+
+        def cancel() -> None:
+            if task is not None and not task.done():
+                task.cancel()
+                aborting = loop.create_task(self._abort(rid))
+                self._aborts.add(aborting)
+                aborting.add_done_callback(self._aborts.discard)
+
+        stream = TokenStream(loop, cancel)
+        stream.prompt_tokens = len(ids)
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        task = loop.create_task(
+            self._run(rid, ids, params, seed, min(min_len, max_len), max_len, stream)
+        )
+        return stream
+
+    # -------------------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=5.0))
+        return self._client
+
+    async def _abort(self, rid: str) -> None:
+        for phase_rid in (f"{rid}-a", rid):  # whichever phase was running
+            with contextlib.suppress(httpx.HTTPError):
+                await self._http().post(
+                    f"{self.url}/abort_request", json={"rid": phase_rid}, timeout=5.0
+                )
+
+    async def _run(
+        self,
+        rid: str,
+        ids: list[int],
+        params: SamplingParams,
+        seed: int,
+        min_len: int,
+        max_len: int,
+        stream: TokenStream,
+    ) -> None:
+        self._active.add(rid)
+        off = int(self.meta["speech_offset"])
+        stops = set(self.meta["stop_ids"])
+        produced: list[int] = []
+        try:
+            phases = [(min_len, self._no_stop, f"{rid}-a")] if min_len else []
+            phases.append((max_len - min_len, self._bias, rid))
+            for budget, bias, phase_rid in phases:
+                if budget <= 0:
+                    continue
+                body = {
+                    "rid": phase_rid,
+                    "input_ids": ids + [off + t for t in produced],
+                    "stream": True,
+                    "sampling_params": {
+                        "temperature": params.temperature,
+                        "top_k": params.top_k if params.top_k > 0 else -1,
+                        "top_p": params.top_p,
+                        "max_new_tokens": budget,
+                        "logit_bias": bias,
+                        "stop_token_ids": sorted(stops),
+                        "sampling_seed": seed + len(produced),
+                    },
+                }
+                async for new, cached in self._stream(body):
+                    stream.cached_tokens = max(stream.cached_tokens, cached)
+                    self.steps += 1
+                    for token in new:
+                        if token in stops:
+                            stream.feed(None)
+                            return
+                        produced.append(token - off)
+                        stream.feed([token - off])
+            stream.feed(None)
+        except asyncio.CancelledError:
+            raise
+        except httpx.HTTPError as exc:
+            stream.feed(EngineUnavailable(f"SGLang at {self.url} is unavailable: {exc!r}"))
+        except Exception as exc:
+            log.exception("SGLang request %s failed", rid)
+            stream.feed(EngineError(f"SGLang request failed: {exc}"))
+        finally:
+            self._active.discard(rid)
+
+    async def _stream(self, body: dict[str, Any]) -> AsyncIterator[tuple[list[int], int]]:
+        """New token ids of a streamed /generate, whether the server streams cumulative
+        or incremental `output_ids`, with chunks that may hold several tokens."""
+        seen = 0
+        async with self._http().stream("POST", f"{self.url}/generate", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                raise EngineError(f"SGLang refused the request ({resp.status_code}): {text}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    return
+                chunk = json.loads(data)
+                out = chunk.get("output_ids") or []
+                info = chunk.get("meta_info", {})
+                total = int(info.get("completion_tokens", seen + len(out)))
+                new = out[seen:] if len(out) == total and total > seen else out
+                seen = total
+                if new:
+                    yield new, int(info.get("cached_tokens", 0))
+                reason = info.get("finish_reason")
+                if isinstance(reason, dict) and reason.get("type") == "abort":
+                    return
