@@ -16,11 +16,14 @@ import logging
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import websockets
 
+from .engine.sglang_lm import SGLangLM
 from .model.speech_model import SpeechModel
 from .server.app import ServerConfig
 from .server.background import BackgroundServer, free_port
@@ -39,6 +42,7 @@ class TurnSample:
     ttfa_ms: float
     rtf: float
     audio_ms: float
+    tokens: int
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -69,7 +73,12 @@ async def _client(url: str, index: int, turns: int) -> list[TurnSample]:
                     assert first is not None, "turn finished without audio"
                     timings = event["timings"]
                     samples.append(
-                        TurnSample((first - sent) * 1000, timings["rtf"], timings["audio_ms"])
+                        TurnSample(
+                            (first - sent) * 1000,
+                            timings["rtf"],
+                            timings["audio_ms"],
+                            timings["tokens"],
+                        )
                     )
                     break
                 if event["type"] == "error":
@@ -78,7 +87,9 @@ async def _client(url: str, index: int, turns: int) -> list[TurnSample]:
 
 
 async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
     results = await asyncio.gather(*(_client(url, i, turns) for i in range(sessions)))
+    elapsed = time.perf_counter() - t0
     samples = [s for r in results for s in r]
     ttfa = [s.ttfa_ms for s in samples]
     return {
@@ -88,6 +99,8 @@ async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
         "ttfa_ms_p95": round(_percentile(ttfa, 0.95), 1),
         "rtf": round(statistics.mean(s.rtf for s in samples), 4),
         "audio_s_per_turn": round(statistics.mean(s.audio_ms for s in samples) / 1000, 2),
+        # all sessions' speech tokens over the level's wall time (paced playout included)
+        "tokens_per_s": round(sum(s.tokens for s in samples) / elapsed, 1),
     }
 
 
@@ -97,16 +110,21 @@ def measure(
     turns: int,
     lead_ms: int,
     max_segment_tokens: int | None = None,
+    lm_factory: Callable[[], SGLangLM] | None = None,
 ) -> dict[str, Any]:
+    """Streaming vs the whole-utterance baseline; with `lm_factory`, also streaming with
+    that LM backend (SGLang) as mode `sglang`."""
     report: dict[str, Any] = {"model": model.name, "runs": {}}
-    for mode in ("streaming", "baseline"):
+    modes = ["streaming", "baseline"] + (["sglang"] if lm_factory else [])
+    for mode in modes:
         playout = PlayoutConfig(
             lead_ms=lead_ms,
-            streaming=mode == "streaming",
+            streaming=mode != "baseline",
             max_segment_tokens=max_segment_tokens,
         )
         config = ServerConfig(port=free_port(), playout=playout)
-        with BackgroundServer(model, config) as server:
+        lm = lm_factory() if mode == "sglang" and lm_factory else None
+        with BackgroundServer(model, config, lm) as server:
             url = server.url
             asyncio.run(_level(url, 1, 1))  # warm-up: first-call allocations
             report["runs"][mode] = [asyncio.run(_level(url, n, turns)) for n in levels]
@@ -118,7 +136,7 @@ def measure(
 
 
 def _table(report: dict[str, Any]) -> str:
-    cols = ("sessions", "turns", "ttfa_ms_p50", "ttfa_ms_p95", "rtf", "audio_s_per_turn")
+    cols = ("sessions", "turns", "ttfa_ms_p50", "ttfa_ms_p95", "rtf", "tokens_per_s")
     lines = [f"{'mode':<10}" + "".join(f"{c:>18}" for c in cols)]
     for mode, runs in report["runs"].items():
         for r in runs:
@@ -147,7 +165,16 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         model = load_model(args.model, args.device)
         levels = [int(x) for x in args.sessions.split(",")]
-        report = measure(model, levels, args.turns, args.lead_ms, int(args.max_speech_s * 25))
+        factory = None
+        if args.sglang_url:
+            url, export = args.sglang_url, Path(args.sglang_export)
+
+            def factory() -> SGLangLM:
+                return SGLangLM(model, url, export)
+
+        report = measure(
+            model, levels, args.turns, args.lead_ms, int(args.max_speech_s * 25), factory
+        )
         text = _table(report)
     print(json.dumps(report) if args.json else text)
     sys.stdout.flush()

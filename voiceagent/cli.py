@@ -254,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
     s.add_argument("--max-speech-s", type=float, default=60.0, help="as in serve")
+    s.add_argument("--sglang-url", help="ws scenario: also measure with this SGLang server")
+    s.add_argument("--sglang-export", help="the export-sglang directory it serves")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 
