@@ -184,7 +184,7 @@ def test_cancel_aborts_the_request_on_sglang(sglang, tiny_model):
     assert "/abort_request" in server.log.read_text()
 
 
-def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path):
+def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path, caplog):
     export_sglang(tiny_model, tmp_path)
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     config = ServerConfig(port=free_port())
@@ -207,6 +207,7 @@ def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path):
     error = r.event("error")
     assert error["code"] == "engine_unavailable" and error["turn_id"] == "t1"
     assert waited < 5
+    assert any("not reachable yet" in rec.getMessage() for rec in caplog.records)
 
 
 @needs_sglang

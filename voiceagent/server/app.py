@@ -80,10 +80,26 @@ class VoiceServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        task = asyncio.get_running_loop().create_task(self._rescan_forever())
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._rescan_forever()), loop.create_task(self._await_engine())]
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
         await self.webrtc.close_all()  # peer connections hold sockets and tasks
+
+    async def _await_engine(self) -> None:
+        """Say clearly, with backoff, while the LM server is not reachable at start-up."""
+        delay = 1.0
+        while not await self.engine.ready():
+            log.warning(
+                "LM engine '%s' is not reachable yet; /health says not ready; retrying in %.0f s",
+                self.engine.name,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+        if delay > 1.0:
+            log.info("LM engine '%s' is ready", self.engine.name)
 
     async def _rescan_forever(self) -> None:
         while True:
