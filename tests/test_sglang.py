@@ -58,8 +58,8 @@ def test_export_merges_the_vocabularies(tmp_path, tiny_model):
 
 
 class SGLangServer:
-    def __init__(self, model_dir: Path, log: Path) -> None:
-        self.port = free_port()
+    def __init__(self, model_dir: Path, log: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / "sglang_shim")}
         cmd = [
@@ -211,8 +211,9 @@ def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path, caplog):
 
 
 @needs_sglang
-def test_sglang_killed_mid_turn_fails_the_turn_within_a_second(sglang, tiny_model):
-    """Runs last in this module: it kills the shared SGLang server."""
+def test_sglang_killed_mid_turn_fails_the_turn_within_a_second_then_recovers(sglang, tiny_model):
+    """Runs last in this module: it kills the shared SGLang server, then starts a new one
+    on the same port, and the same session speaks again."""
     server, export = sglang
     config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
     with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, server.url, export)) as vs:
@@ -227,8 +228,17 @@ def test_sglang_killed_mid_turn_fails_the_turn_within_a_second(sglang, tiny_mode
                 server.kill()
                 t0 = time.monotonic()
                 r = await c.turn(until=("turn.done",))
-                return r, time.monotonic() - t0
+                waited = time.monotonic() - t0
+                revived = await asyncio.to_thread(
+                    SGLangServer, export, export / "sglang2.log", server.port
+                )
+                try:
+                    again = await c.speak("Back again.")
+                finally:
+                    revived.kill()
+                return r, waited, again
 
-        r, waited = run(go())
+        r, waited, again = run(go())
     assert r.event("error")["code"] == "engine_unavailable"
     assert waited < 1.0
+    assert again.frames and again.event("turn.done")["timings"]["tokens"] > 0
