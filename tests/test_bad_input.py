@@ -171,7 +171,7 @@ BEFORE_START: list[tuple[str, Message, str]] = [
     ("update", {"type": "session.update", "voice": "narrator"}, "session_not_started"),
     ("cancel", {"type": "cancel"}, "session_not_started"),
     ("bad json", "{", "invalid_json"),
-    ("binary", b"\x00\x01", "unexpected_binary"),
+    ("binary", b"\x00\x01", "session_not_started"),
     ("unknown voice", {"type": "session.start", "voice": "nobody"}, "unknown_voice"),
     ("bad speed", {"type": "session.start", "speed": "fast"}, "invalid_parameter"),
     ("unknown key", {"type": "session.start", "volume": 1}, "invalid_parameter"),

@@ -23,6 +23,7 @@ from voiceagent.protocol.session import (
     EndText,
     FlushText,
     Limits,
+    MicAudio,
     OpenTurn,
     SendAudio,
     SendEvent,
@@ -116,6 +117,8 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                     "speed": 1.0,
                     "sampling": {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "seed": 0},
                     "format": {"codec": "opus", "sample_rate": 48000, "bitrate": 32000},
+                    "input": {"sample_rate": 0, "vad_aggressiveness": 2},
+                    "barge_in": {"mode": "off", "guard_ms": 300},
                 },
                 "voices": ["agent", "narrator"],
                 "model": MODEL,
@@ -148,6 +151,8 @@ def test_session_start_applies_the_settings_it_carries() -> None:
         "speed": 1.5,
         "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 0.8, "seed": 7},
         "format": {"codec": "pcm16", "sample_rate": 16000, "bitrate": 32000},
+        "input": {"sample_rate": 0, "vad_aggressiveness": 2},
+        "barge_in": {"mode": "off", "guard_ms": 300},
     }
     opened = assert_speaks(core)
     assert opened.settings == Settings(
@@ -609,7 +614,7 @@ def test_an_unknown_type_is_unknown_type(kind: str) -> None:
 @pytest.mark.parametrize("data", [b"", b"\x00", b'{"type": "ping"}', bytes(4096)])
 def test_binary_input_is_unexpected_binary(data: bytes) -> None:
     core = new_core()
-    assert_error(core.receive_bytes(data), ErrorCode.UNEXPECTED_BINARY)
+    assert_error(core.receive_bytes(data), ErrorCode.SESSION_NOT_STARTED)
     send(core, {"type": "session.start"})
     assert_error(core.receive_bytes(data), ErrorCode.UNEXPECTED_BINARY)
     assert_speaks(core)
@@ -925,3 +930,43 @@ def test_a_model_without_voices_says_so_instead_of_failing() -> None:
     core.catalog.voices = ("added",)  # a voice made with `voice add` appears
     send(core, {"type": "session.update", "voice": "added"})
     assert isinstance(send(core, {"type": "speak", "text": "Hi."})[0], OpenTurn)
+
+
+def test_binary_is_microphone_audio_once_the_input_rate_is_set() -> None:
+    core = started({"input": {"sample_rate": 16000}})
+    assert core.receive_bytes(bytes(640)) == [MicAudio(bytes(640), 16000, 2)]
+    assert_error(core.receive_bytes(bytes(641)), ErrorCode.INVALID_MESSAGE)
+    assert_error(core.receive_bytes(bytes(70_000)), ErrorCode.MESSAGE_TOO_LARGE)
+    assert_error(
+        send(core, {"type": "session.update", "input": {"sample_rate": 44100}}),
+        ErrorCode.INVALID_PARAMETER,
+    )
+    assert_speaks(core)
+
+
+def test_speech_onset_past_the_guard_cancels_the_live_turns() -> None:
+    core = started({"barge_in": {"mode": "cancel", "guard_ms": 300}})
+    opened = assert_speaks(core)
+    for _ in range(30):
+        core.audio(opened.num, "opus", b"x")
+    # Too early in the turn (echo of its own start): reported, not cancelled.
+    assert events(core.speech("speech_started", 100, played_ms=200)) == [
+        {"type": "speech_started", "t_ms": 100}
+    ]
+    actions = core.speech("speech_started", 900, played_ms=460)
+    assert CancelTurn(opened.num) in actions
+    cancelled = next(e for e in events(actions) if e["type"] == "turn.cancelled")
+    assert (cancelled["reason"], cancelled["played_ms"], cancelled["sent_ms"]) == (
+        "barge_in",
+        460,
+        600,
+    )
+
+
+def test_without_barge_in_speech_is_only_reported() -> None:
+    core = started()
+    opened = assert_speaks(core)
+    core.audio(opened.num, "opus", b"x")
+    actions = core.speech("speech_started", 0, played_ms=5000)
+    assert events(actions) == [{"type": "speech_started", "t_ms": 0}]
+    assert not any(isinstance(a, CancelTurn) for a in actions)

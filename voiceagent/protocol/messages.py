@@ -32,6 +32,20 @@ class Format:
 
 
 @dataclass(frozen=True)
+class Input:
+    """Microphone audio the client streams up as binary PCM16 mono messages."""
+
+    sample_rate: int = 0  # 0: no microphone; binary messages are refused
+    vad_aggressiveness: int = 2
+
+
+@dataclass(frozen=True)
+class BargeIn:
+    mode: str = "off"  # off | cancel: speech onset cancels the live turns
+    guard_ms: int = 300  # no barge-in this early in a turn's playback (echo of its start)
+
+
+@dataclass(frozen=True)
 class Settings:
     """What a session keeps between turns."""
 
@@ -40,6 +54,8 @@ class Settings:
     speed: float = 1.0
     sampling: Sampling = field(default_factory=Sampling)
     format: Format = field(default_factory=Format)
+    input: Input = field(default_factory=Input)
+    barge_in: BargeIn = field(default_factory=BargeIn)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +64,8 @@ class Settings:
             "speed": self.speed,
             "sampling": vars(self.sampling).copy(),
             "format": vars(self.format).copy(),
+            "input": vars(self.input).copy(),
+            "barge_in": vars(self.barge_in).copy(),
         }
 
 
@@ -149,7 +167,8 @@ def parse(data: str) -> Command:
 
 # -- settings validation ----------------------------------------------------------------
 
-_SETTING_KEYS = {"voice", "language", "speed", "sampling", "format"}
+_SETTING_KEYS = {"voice", "language", "speed", "sampling", "format", "input", "barge_in"}
+INPUT_RATES = (0, 8000, 16000, 24000, 48000)
 
 
 def _number(value: Any, name: str, lo: float, hi: float, integer: bool = False) -> Any:
@@ -209,6 +228,28 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
             f.get("bitrate", new.format.bitrate), "format.bitrate", 6000, 510000, True
         )
         new = replace(new, format=Format(codec, rate, bitrate))
+    if "input" in changes:
+        i = _object(changes["input"], "input", {"sample_rate", "vad_aggressiveness"})
+        rate = i.get("sample_rate", new.input.sample_rate)
+        if isinstance(rate, bool) or rate not in INPUT_RATES:
+            raise _invalid(f"'input.sample_rate' must be one of {', '.join(map(str, INPUT_RATES))}")
+        aggr = _number(
+            i.get("vad_aggressiveness", new.input.vad_aggressiveness),
+            "input.vad_aggressiveness",
+            0,
+            3,
+            True,
+        )
+        new = replace(new, input=Input(rate, aggr))
+    if "barge_in" in changes:
+        b = _object(changes["barge_in"], "barge_in", {"mode", "guard_ms"})
+        mode = b.get("mode", new.barge_in.mode)
+        if mode not in ("off", "cancel"):
+            raise _invalid("'barge_in.mode' must be off or cancel")
+        guard = _number(
+            b.get("guard_ms", new.barge_in.guard_ms), "barge_in.guard_ms", 0, 5000, True
+        )
+        new = replace(new, barge_in=BargeIn(mode, guard))
     return new
 
 

@@ -34,6 +34,7 @@ class Limits:
     max_message_bytes: int = 64 * 1024
     max_text_chars: int = 20_000  # per turn
     max_turns: int = 8  # live turns per session (open, synthesizing or queued)
+    max_audio_bytes: int = 64 * 1024  # one binary microphone message
 
 
 @dataclass
@@ -89,7 +90,16 @@ class CancelTurn:
     num: int
 
 
-Action = SendEvent | SendAudio | OpenTurn | AppendText | FlushText | EndText | CancelTurn
+@dataclass(frozen=True)
+class MicAudio:
+    """PCM16 mono microphone audio from the client, for voice activity detection."""
+
+    pcm: bytes
+    sample_rate: int
+    vad_aggressiveness: int
+
+
+Action = SendEvent | SendAudio | OpenTurn | AppendText | FlushText | EndText | CancelTurn | MicAudio
 
 
 @dataclass
@@ -155,14 +165,41 @@ class SessionCore:
             return [SendEvent(error_event(err.code, err.message))]
 
     def receive_bytes(self, data: bytes) -> list[Action]:
-        return [
-            SendEvent(
-                error_event(
-                    ErrorCode.UNEXPECTED_BINARY,
-                    "binary messages are not accepted on this session; send JSON text",
-                )
-            )
-        ]
+        """Binary messages are microphone audio (PCM16 mono at `input.sample_rate`)."""
+        if self.settings is None:
+            code, msg = ErrorCode.SESSION_NOT_STARTED, "send session.start before anything else"
+        elif not self.settings.input.sample_rate:
+            code = ErrorCode.UNEXPECTED_BINARY
+            msg = "binary messages are microphone audio: set input.sample_rate first"
+        elif len(data) > self.limits.max_audio_bytes:
+            code = ErrorCode.MESSAGE_TOO_LARGE
+            msg = f"audio message larger than {self.limits.max_audio_bytes} bytes"
+        elif len(data) % 2:
+            code, msg = ErrorCode.INVALID_MESSAGE, "PCM16 audio needs an even number of bytes"
+        else:
+            i = self.settings.input
+            return [MicAudio(data, i.sample_rate, i.vad_aggressiveness)]
+        return [SendEvent(error_event(code, msg))]
+
+    def speech(self, kind: str, t_ms: int, played_ms: int | None) -> list[Action]:
+        """The client's voice started or stopped (`t_ms` on its audio timeline).
+        `played_ms`: how much of the playing turn the listener has heard, or None when no
+        turn is playing. A speech onset past the guard cancels the live turns (barge-in)."""
+        actions: list[Action] = [SendEvent({"type": kind, "t_ms": t_ms})]
+        bi = self.settings.barge_in if self.settings else None
+        if (
+            kind == "speech_started"
+            and bi is not None
+            and bi.mode == "cancel"
+            and played_ms is not None
+            and played_ms >= bi.guard_ms
+        ):
+            for action in self._cancel(None):
+                if isinstance(action, SendEvent) and action.event["type"] == "turn.cancelled":
+                    action.event["reason"] = "barge_in"
+                    action.event["played_ms"] = min(played_ms, action.event["sent_ms"])
+                actions.append(action)
+        return actions
 
     def _start(self, changes: dict[str, Any]) -> list[Action]:
         if self.started:

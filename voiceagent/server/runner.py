@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ..audio.vad import VoiceActivity
 from ..engine.embedded import EmbeddedEngine
 from ..model.sampling import SamplingParams
 from ..pipeline.turn import ChunkSchedule, OutputFormat, Turn, TurnFailed, TurnSettings
@@ -23,6 +26,7 @@ from ..protocol.session import (
     CancelTurn,
     EndText,
     FlushText,
+    MicAudio,
     OpenTurn,
     SendAudio,
     SendEvent,
@@ -59,6 +63,9 @@ class SessionRunner:
         self._turns: dict[int, Turn] = {}
         self._order: asyncio.Queue[int] = asyncio.Queue()
         self._playing: tuple[int, asyncio.Task[None]] | None = None
+        # (first frame sent at, frames sent) of the playing turn: what the listener heard
+        self._heard: tuple[float, int] | None = None
+        self._vad: VoiceActivity | None = None
         self._player = asyncio.get_running_loop().create_task(self._play_turns())
 
     async def on_text(self, data: str) -> None:
@@ -105,6 +112,30 @@ class SessionRunner:
                     target.end_text()
             elif isinstance(action, CancelTurn):
                 self._drop(action.num)
+            elif isinstance(action, MicAudio):
+                await self.execute(self._listen(action))
+
+    def _listen(self, mic: MicAudio) -> list[Action]:
+        """Microphone audio -> voice activity -> speech events (and barge-in, in the core)."""
+        vad = self._vad
+        if vad is None or (vad.sample_rate, vad.aggressiveness) != (
+            mic.sample_rate,
+            mic.vad_aggressiveness,
+        ):
+            vad = self._vad = VoiceActivity(mic.sample_rate, mic.vad_aggressiveness)
+        actions: list[Action] = []
+        for kind, t_ms in vad.feed(np.frombuffer(mic.pcm, dtype="<i2")):
+            actions += self.core.speech(kind, t_ms, self.heard_ms())
+        return actions
+
+    def heard_ms(self) -> int | None:
+        """How much of the playing turn the listener has heard: the client plays frames as
+        they come (paced in real time), so at most the time since the first frame, and
+        never more than was sent. None when no turn is playing."""
+        if self._heard is None:
+            return None
+        since, frames = self._heard
+        return int(min((time.monotonic() - since) * 1000, frames * FRAME_MS))
 
     def _turn_settings(self, s: Settings) -> TurnSettings:
         sp = s.sampling
@@ -134,6 +165,7 @@ class SessionRunner:
             self._playing = (num, task)
             await asyncio.wait({task})  # returns when done or cancelled, without raising
             self._playing = None
+            self._heard = None
             self._turns.pop(num, None)
             turn.close()
 
@@ -161,6 +193,7 @@ class SessionRunner:
                     await asyncio.sleep(delay)
                 await self.execute(self.core.audio(num, codec, item, FRAME_MS))
                 seq += 1
+                self._heard = (start, seq)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a send failed (peer gone) or a bug: end this turn only

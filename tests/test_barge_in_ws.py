@@ -1,0 +1,90 @@
+"""Barge-in on a WebSocket session: the client streams its microphone (PCM16) up; real
+speech (espeak-ng) over the bot's turn cancels it and reports what was heard."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+import wave
+
+import numpy as np
+import pytest
+from conftest import Client, connect, run
+
+from voiceagent.audio.resample import StreamResampler
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("espeak-ng") is None,
+    reason="espeak-ng is not installed (apt-get install espeak-ng)",
+)
+
+
+def speech_16k(tmp_path) -> bytes:
+    wav = tmp_path / "me.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), "Wait, stop, I have a question."], check=True)
+    with wave.open(str(wav)) as w:
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
+    r = StreamResampler(rate, 16000)
+    out = np.concatenate([r.process(pcm), r.flush()])
+    return (np.clip(out, -1, 1) * 32767).astype("<i2").tobytes()
+
+
+def run_session(server, mic: bytes, mode: str):
+    async def go():
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start(
+                format={"codec": "pcm16"},
+                input={"sample_rate": 16000},
+                barge_in={"mode": mode, "guard_ms": 300},
+            )
+            await c.send({"type": "speak", "text": "Here is a long answer. " * 8, "turn_id": "a"})
+            frames, events = 0, []
+            while frames == 0:
+                msg = await ws.recv()
+                frames += isinstance(msg, bytes)
+            await asyncio.sleep(0.6)  # the listener has heard more than the guard
+            silence = bytes(16000 // 50 * 2 * 10)  # 200 ms
+            t_sent = time.monotonic()
+            for i in range(0, len(silence + mic), 640):  # 20 ms messages
+                await ws.send((silence + mic)[i : i + 640])
+            cancelled_at = None
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                try:
+                    msg = await asyncio.wait_for(ws.recv(), 0.5)
+                except TimeoutError:
+                    break
+                if isinstance(msg, bytes):
+                    frames += 1
+                    assert cancelled_at is None, "audio after turn.cancelled"
+                    continue
+                event = json.loads(msg)
+                events.append(event)
+                if event["type"] == "turn.cancelled":
+                    cancelled_at = time.monotonic() - t_sent
+            return events, frames, cancelled_at
+
+    return run(go())
+
+
+def test_speaking_over_the_bot_cancels_its_turn(make_server, tmp_path):
+    events, frames, cancelled_after = run_session(make_server(), speech_16k(tmp_path), "cancel")
+    kinds = [e["type"] for e in events]
+    assert "speech_started" in kinds and "turn.cancelled" in kinds
+    assert kinds.index("speech_started") < kinds.index("turn.cancelled")
+    cancelled = next(e for e in events if e["type"] == "turn.cancelled")
+    assert cancelled["reason"] == "barge_in" and cancelled["turn_id"] == "a"
+    assert 300 <= cancelled["played_ms"] <= cancelled["sent_ms"] == 20 * frames
+    assert cancelled_after is not None and cancelled_after < 1.0
+
+
+def test_with_barge_in_off_speech_is_reported_and_the_turn_plays_on(make_server, tmp_path):
+    events, _, cancelled_after = run_session(make_server(), speech_16k(tmp_path), "off")
+    kinds = [e["type"] for e in events]
+    assert "speech_started" in kinds and "turn.cancelled" not in kinds
+    assert cancelled_after is None
