@@ -169,7 +169,8 @@ def test_cancel_aborts_the_request_on_sglang(sglang, tiny_model):
             async with connect(vs.url) as ws:
                 c = Client(ws)
                 await c.start()
-                await c.send({"type": "speak", "text": "A long answer. " * 20, "turn_id": "x"})
+                # One long segment (no sentence marks): its request is surely still running.
+                await c.send({"type": "speak", "text": "and then " * 20, "turn_id": "x"})
                 while not isinstance(await ws.recv(), bytes):
                     pass
                 assert lm.load == 1
