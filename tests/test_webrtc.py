@@ -381,13 +381,13 @@ def test_track_paces_frames_and_never_rewinds_pts():
 
 
 def test_barge_in_cancels_the_playing_turn(make_server, spoken):
-    server = make_server(webrtc=WebRtcConfig(barge_in=True))
+    server = make_server()
     mic = ClipTrack(spoken, clip_at=None)
 
     async def go() -> tuple[Peer, dict[str, Any], dict[str, Any], float]:
         peer = await open_peer(server, mic)
         try:
-            peer.send({"type": "session.start"})
+            peer.send({"type": "session.start", "barge_in": {"mode": "cancel", "guard_ms": 300}})
             await peer.event(("session.created",))
             peer.send({"type": "speak", "text": " ".join([SENTENCE] * 4)})
             await peer.event(("turn.first_audio",), timeout=60)

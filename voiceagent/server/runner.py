@@ -128,6 +128,10 @@ class SessionRunner:
             actions += self.core.speech(kind, t_ms, self.heard_ms())
         return actions
 
+    @property
+    def playing_turn(self) -> int | None:
+        return None if self._playing is None else self._playing[0]
+
     def heard_ms(self) -> int | None:
         """How much of the playing turn the listener has heard: the client plays frames as
         they come (paced in real time), so at most the time since the first frame, and

@@ -72,9 +72,8 @@ class WebRtcConfig:
     vad_frame_ms: int = 20
     vad_min_speech_ms: int = 120
     vad_hangover_ms: int = 400
-    # Barge-in: speech onset from the peer cancels the bot's turns (as a `cancel` would);
-    # the turn.cancelled event then says `reason: barge_in`.
-    barge_in: bool = False
+    # Barge-in is a session setting (`barge_in.mode`, `barge_in.guard_ms`), decided by the
+    # protocol core for both transports.
 
 
 class OfferError(Exception):
@@ -206,7 +205,6 @@ class WebRtcSession:
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(self.config.max_inbox)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Task[None] | None = None
-        self._barging = False
         self.closed = asyncio.Event()
         pc.on("datachannel", self._on_datachannel)
         pc.on("track", self._on_track)
@@ -231,8 +229,6 @@ class WebRtcSession:
                 # What the peer has been sent on the track (the rest of the lead is
                 # dropped), as opposed to sent_ms: what the runner had queued.
                 event["played_ms"] = self.track.played.get(int(event["turn"]), 0) * 20
-                if self._barging:
-                    event["reason"] = "barge_in"
                 self.track.drop_turn(int(event["turn"]))
                 text = json.dumps(event)
         channel.send(text)
@@ -318,20 +314,16 @@ class WebRtcSession:
                     hangover_ms=self.config.vad_hangover_ms,
                 )
             for kind, t_ms in vad.feed(mono_float(frame)):
-                self.send_event({"type": kind, "t_ms": t_ms})
-                if kind == "speech_started" and self.config.barge_in and self.core.started:
-                    await self._barge_in()
-
-    async def _barge_in(self) -> None:
-        # The public cancel path: the core emits turn.cancelled for every live turn (none
-        # live: no action at all), the runner stops them, _send_text drops their frames.
-        self._barging = True
-        try:
-            await self.runner.execute(self.core.receive_text('{"type": "cancel"}'))
-        except ConnectionError:
-            self.close_soon()
-        finally:
-            self._barging = False
+                if not self.core.started:
+                    self.send_event({"type": kind, "t_ms": t_ms})
+                    continue
+                # What the peer has heard of the playing turn: frames the track returned.
+                playing = self.runner.playing_turn
+                heard = None if playing is None else self.track.played.get(playing, 0) * 20
+                try:
+                    await self.runner.execute(self.core.speech(kind, t_ms, heard))
+                except ConnectionError:
+                    self.close_soon()
 
     # -- teardown -------------------------------------------------------------------------
 
