@@ -145,6 +145,32 @@ async def open_peer(server: Any, mic: MediaStreamTrack | None = None) -> Peer:
     return peer
 
 
+async def post_offer(server: Any, data_channel: bool = True) -> httpx.Response:
+    """Post a real aiortc offer and return the server's reply (the answer is never
+    applied: the client peer is closed at once)."""
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    if data_channel:
+        pc.createDataChannel("control")
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    try:
+        async with httpx.AsyncClient() as http:
+            return await http.post(
+                server.http + "/v1/webrtc/offer",
+                json={"sdp": pc.localDescription.sdp, "type": "offer"},
+                timeout=10,
+            )
+    finally:
+        await pc.close()
+
+
+async def until_no_sessions(server: Any, why: str) -> None:
+    deadline = time.monotonic() + 5
+    while health(server)["sessions"] != 0:
+        assert time.monotonic() < deadline, why
+        await asyncio.sleep(0.05)
+
+
 def pts_steps(frames: list[tuple[int, float, float]]) -> set[int]:
     # RTP timestamps start at a random origin and may wrap: differences modulo 2**32
     return {(b[0] - a[0]) % 2**32 for a, b in itertools.pairwise(frames)}
@@ -285,17 +311,8 @@ def test_bad_offers_get_400_and_the_server_keeps_serving(server):
                 )
                 if code:
                     assert err["code"] == code, (body[:60], err)
-            # a real offer without a data channel, and one without Opus
-            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-            pc.addTransceiver("audio", direction="recvonly")
-            await pc.setLocalDescription(await pc.createOffer())
-            no_channel = pc.localDescription.sdp
-            await pc.close()
-            r = await http.post(
-                server.http + "/v1/webrtc/offer",
-                json={"sdp": no_channel, "type": "offer"},
-                timeout=10,
-            )
+            # a real offer without a data channel
+            r = await post_offer(server, data_channel=False)
             assert r.status_code == 400 and r.json()["code"] == "invalid_sdp"
         assert health(server)["sessions"] == 0
         # a new WebRTC session and a WebSocket session still work
@@ -323,22 +340,9 @@ def test_session_limit_is_shared_with_websocket_sessions(make_server):
     async def go() -> None:
         async with connect(server.url) as ws:
             await Client(ws).start()
-            pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-            pc.createDataChannel("control")
-            pc.addTransceiver("audio", direction="recvonly")
-            await pc.setLocalDescription(await pc.createOffer())
-            async with httpx.AsyncClient() as http:
-                r = await http.post(
-                    server.http + "/v1/webrtc/offer",
-                    json={"sdp": pc.localDescription.sdp, "type": "offer"},
-                    timeout=10,
-                )
-            await pc.close()
+            r = await post_offer(server)
             assert r.status_code == 503 and r.json()["code"] == "too_many_sessions"
-        deadline = time.monotonic() + 5
-        while health(server)["sessions"] != 0:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await until_no_sessions(server, "the WebSocket session was not released")
         peer = await open_peer(server)  # the slot is free again
         await peer.close()
 
@@ -417,22 +421,9 @@ def test_an_offer_never_completed_times_out(make_server):
     server = make_server(webrtc=WebRtcConfig(connect_timeout_s=0.5))
 
     async def go() -> None:
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        pc.createDataChannel("control")
-        pc.addTransceiver("audio", direction="recvonly")
-        await pc.setLocalDescription(await pc.createOffer())
-        async with httpx.AsyncClient() as http:
-            r = await http.post(
-                server.http + "/v1/webrtc/offer",
-                json={"sdp": pc.localDescription.sdp, "type": "offer"},
-                timeout=10,
-            )
+        r = await post_offer(server)  # no ICE, no DTLS from this side afterwards
         assert r.status_code == 200
-        await pc.close()  # the answer is never applied: no ICE, no DTLS from this side
         assert health(server)["sessions"] == 1
-        deadline = time.monotonic() + 5
-        while health(server)["sessions"] != 0:
-            assert time.monotonic() < deadline, "unconnected session was not dropped"
-            await asyncio.sleep(0.05)
+        await until_no_sessions(server, "unconnected session was not dropped")
 
     run(go())
