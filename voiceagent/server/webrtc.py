@@ -65,7 +65,7 @@ FORCED_FORMAT = {"codec": "pcm16", "sample_rate": RATE}
 class WebRtcConfig:
     max_body_bytes: int = 64 * 1024  # an SDP offer is a few KiB
     connect_timeout_s: float = 20.0  # from answer to connected, else the session is dropped
-    track_buffer_frames: int = 25  # frames queued ahead of real time at most (500 ms)
+    track_buffer_frames: int = 10  # frames queued ahead of real time at most (200 ms)
     max_inbox: int = 256  # unprocessed control messages before a session is dropped
     ice_servers: tuple[str, ...] = ()  # none by default: aiortc's default is a public STUN
     vad_aggressiveness: int = 2
