@@ -60,6 +60,7 @@ def server(make_server: Callable[..., BackgroundServer]) -> BackgroundServer:
 class TurnResult:
     events: list[dict[str, Any]] = field(default_factory=list)
     frames: list[frames.AudioFrame] = field(default_factory=list)
+    levels: list[dict[str, Any]] = field(default_factory=list)  # audio.levels events
 
     def event(self, kind: str) -> dict[str, Any]:
         matches = [e for e in self.events if e["type"] == kind]
@@ -77,10 +78,13 @@ class Client:
         await self.ws.send(json.dumps(message) if isinstance(message, dict) else message)
 
     async def event(self, timeout: float = 10.0) -> dict[str, Any]:
-        """Next JSON event (fails on a binary frame)."""
-        msg = await asyncio.wait_for(self.ws.recv(), timeout)
-        assert isinstance(msg, str), "expected a JSON event, got a binary frame"
-        return dict(json.loads(msg))
+        """Next JSON event other than audio.levels (fails on a binary frame)."""
+        while True:
+            msg = await asyncio.wait_for(self.ws.recv(), timeout)
+            assert isinstance(msg, str), "expected a JSON event, got a binary frame"
+            event = dict(json.loads(msg))
+            if event["type"] != "audio.levels":
+                return event
 
     async def start(self, **settings: Any) -> dict[str, Any]:
         await self.send({"type": "session.start", **settings})
@@ -101,6 +105,9 @@ class Client:
                 result.frames.append(frames.unpack(msg))
                 continue
             event = json.loads(msg)
+            if event["type"] == "audio.levels":  # lip-sync data: kept apart from events
+                result.levels.append(event)
+                continue
             result.events.append(event)
             if event["type"] in until or (event["type"] == "error" and "turn_id" in event):
                 return result

@@ -27,6 +27,7 @@ from voiceagent.audio.encoders import (
     mulaw_decode,
     mulaw_encode,
 )
+from voiceagent.audio.levels import loudness
 from voiceagent.audio.ogg import OggOpusWriter
 from voiceagent.audio.resample import StreamResampler
 from voiceagent.audio.wav import write_wav
@@ -415,3 +416,13 @@ def test_write_wav_reads_back(tmp_path: Path) -> None:
     buf = io.BytesIO()
     write_wav(buf, x, 16000)
     assert buf.getvalue() == path.read_bytes()
+
+
+def test_loudness_maps_minus_60_to_0_dbfs_onto_0_to_1() -> None:
+    t = np.arange(960) / 48000
+    sine = np.sin(2 * np.pi * 440 * t).astype(np.float32)  # RMS 1/sqrt(2): -3 dBFS
+    assert loudness(np.zeros(960, np.float32)) == 0.0
+    assert loudness(sine) == pytest.approx(1 - 3.01 / 60, abs=1e-3)
+    assert loudness(sine * 10 ** (-27 / 20)) == pytest.approx(0.5, abs=1e-3)  # -30 dBFS
+    assert loudness(sine * 1e-4) == 0.0  # below the floor
+    assert loudness(np.ones(10, np.float32) * 4) == 1.0  # clipped at the top

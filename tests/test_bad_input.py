@@ -57,6 +57,11 @@ def assert_complete(result: TurnResult) -> dict[str, Any]:
     assert [f.seq for f in result.frames] == list(range(len(result.frames)))
     assert {f.turn for f in result.frames} == {done["turn"]}
     assert done["sent_ms"] == 20 * len(result.frames)
+    levels = [x for e in result.levels for x in e["levels"]]  # one per frame, in order
+    assert len(levels) == len(result.frames)
+    assert [e["offset_ms"] for e in result.levels] == [
+        sum(len(e["levels"]) for e in result.levels[:i]) * 20 for i in range(len(result.levels))
+    ]
     return done
 
 

@@ -102,7 +102,7 @@ def test_a_streamed_turn_equals_the_offline_pass_with_the_same_blocks(cv2_model)
         turn.push_text("A short sentence.")
         turn.end_text()
         while (item := await turn.output.get()) is not None:
-            assert isinstance(item, bytes), item
+            assert isinstance(item, np.ndarray), item
         return turn
 
     try:

@@ -28,6 +28,7 @@ from voiceagent.protocol.session import (
     SendAudio,
     SendEvent,
     SessionCore,
+    SetGain,
 )
 
 MODEL = {"name": "tiny", "random_weights": True}
@@ -118,7 +119,7 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                     "sampling": {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "seed": 0},
                     "format": {"codec": "opus", "sample_rate": 48000, "bitrate": 32000},
                     "input": {"sample_rate": 0, "vad_aggressiveness": 2},
-                    "barge_in": {"mode": "off", "guard_ms": 300},
+                    "barge_in": {"mode": "off", "guard_ms": 300, "duck_gain": 0.25},
                 },
                 "voices": ["agent", "narrator"],
                 "model": MODEL,
@@ -152,7 +153,7 @@ def test_session_start_applies_the_settings_it_carries() -> None:
         "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 0.8, "seed": 7},
         "format": {"codec": "pcm16", "sample_rate": 16000, "bitrate": 32000},
         "input": {"sample_rate": 0, "vad_aggressiveness": 2},
-        "barge_in": {"mode": "off", "guard_ms": 300},
+        "barge_in": {"mode": "off", "guard_ms": 300, "duck_gain": 0.25},
     }
     opened = assert_speaks(core)
     assert opened.settings == Settings(
@@ -415,11 +416,10 @@ def test_audio_sends_first_audio_once_then_numbered_frames() -> None:
         ("opus", 1, 2, 40, b"p2"),
     ]
     timings = {"ttfa_ms": 12.5, "chunks": 2}
-    assert core.turn_done(1, timings) == [
-        SendEvent(
-            {"type": "turn.done", "turn_id": "t1", "turn": 1, "sent_ms": 60, "timings": timings}
-        )
-    ]
+    done = core.turn_done(1, timings)
+    assert done[-1] == SendEvent(
+        {"type": "turn.done", "turn_id": "t1", "turn": 1, "sent_ms": 60, "timings": timings}
+    )
     assert core.audio(1, "opus", b"late") == []  # nothing after the end
     assert core.turn_done(1, timings) == []
 
@@ -789,6 +789,10 @@ INVALID_SETTINGS: list[dict[str, Any]] = [
     {"format": {"bitrate": 32000.5}},
     {"format": {"channels": 2}},  # unknown key inside format
     {"format": "opus"},
+    {"barge_in": {"mode": "shout"}},
+    {"barge_in": {"guard_ms": 9000}},
+    {"barge_in": {"duck_gain": 1.5}},
+    {"barge_in": {"duck_gain": "low"}},
     {"volume": 1.0},  # unknown setting key
     {"settings": {"voice": "agent"}},
 ]
@@ -961,6 +965,59 @@ def test_speech_onset_past_the_guard_cancels_the_live_turns() -> None:
         460,
         600,
     )
+
+
+def test_duck_lowers_the_output_while_the_person_speaks_and_restores_it_after() -> None:
+    core = started({"barge_in": {"mode": "duck", "guard_ms": 300, "duck_gain": 0.2}})
+    opened = assert_speaks(core)
+    core.audio(opened.num, "opus", b"x")
+    assert core.speech("speech_started", 50, played_ms=100) == [
+        SendEvent({"type": "speech_started", "t_ms": 50})
+    ]  # inside the guard: nothing changes
+    ducked = core.speech("speech_started", 900, played_ms=800)
+    assert ducked == [
+        SendEvent({"type": "speech_started", "t_ms": 900}),
+        SetGain(0.2),
+        SendEvent({"type": "audio.ducked", "t_ms": 900, "gain": 0.2}),
+    ]
+    assert not any(isinstance(a, CancelTurn) for a in ducked)  # the turn plays on
+    assert core.speech("speech_stopped", 1500, played_ms=1400) == [
+        SendEvent({"type": "speech_stopped", "t_ms": 1500}),
+        SetGain(1.0),
+        SendEvent({"type": "audio.unducked", "t_ms": 1500}),
+    ]
+    # a stop without a duck before it changes nothing
+    assert core.speech("speech_stopped", 1600, played_ms=1400) == [
+        SendEvent({"type": "speech_stopped", "t_ms": 1600})
+    ]
+
+
+def test_levels_go_out_in_batches_that_cover_every_frame_once() -> None:
+    core = started()
+    opened = assert_speaks(core)
+    sent = []
+    for i in range(12):
+        sent += core.audio(opened.num, "opus", b"x", level=i / 100)
+    sent += core.turn_done(opened.num, {})
+    batches = [e for e in events(sent) if e["type"] == "audio.levels"]
+    assert [(b["offset_ms"], b["levels"]) for b in batches] == [
+        (0, [0.0, 0.01, 0.02, 0.03, 0.04]),
+        (100, [0.05, 0.06, 0.07, 0.08, 0.09]),
+        (200, [0.1, 0.11]),  # the rest, just before turn.done
+    ]
+    assert events(sent)[-1]["type"] == "turn.done"
+    # a batch goes out only after the frames it covers
+    kinds = ["frame" if isinstance(a, SendAudio) else a.event["type"] for a in sent]
+    assert kinds.index("audio.levels") == kinds.index("frame") + 5
+
+
+def test_a_cancelled_turn_sends_no_more_levels() -> None:
+    core = started()
+    opened = assert_speaks(core)
+    core.audio(opened.num, "opus", b"x", level=0.5)
+    cancelled = send(core, {"type": "cancel"})
+    assert [e["type"] for e in events(cancelled)] == ["turn.cancelled"]
+    assert core.audio(opened.num, "opus", b"x", level=0.5) == []
 
 
 def test_without_barge_in_speech_is_only_reported() -> None:

@@ -80,7 +80,7 @@ async def _run_turn(
     turn.push_text(text)
     turn.end_text()
     while (item := await turn.output.get()) is not None:
-        assert isinstance(item, bytes), item
+        assert isinstance(item, np.ndarray), item
     return turn
 
 

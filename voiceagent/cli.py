@@ -105,9 +105,10 @@ def _say(args: argparse.Namespace) -> int:
         turn.end_text()
         frames = []
         while (item := await turn.output.get()) is not None:
-            if not isinstance(item, bytes):
+            if not isinstance(item, np.ndarray):
                 raise RuntimeError(str(item))
-            frames.append(item)
+            assert turn.encoder is not None
+            frames.append(turn.encoder.encode_frame(item))
         return frames, np.concatenate(turn.pcm or [np.zeros(0, np.float32)])
 
     engine.start()

@@ -48,22 +48,26 @@ class FrameEncoder(ABC):
         return self.sample_rate * self.frame_ms // 1000
 
     @abstractmethod
-    def _encode_frame(self, frame: Float32Array) -> bytes:
-        """Encode exactly `frame_samples` float32 samples."""
+    def encode_frame(self, frame: Float32Array) -> bytes:
+        """Encode exactly `frame_samples` float32 samples (calls must follow stream order)."""
 
     def _flush_padding(self) -> int:
         """Extra zero samples to push at end of stream (codec delay)."""
         return 0
 
-    def _take_frames(self, more: Float32Array) -> list[bytes]:
+    def _take_frames(self, more: Float32Array) -> list[Float32Array]:
         buf = np.concatenate([self._pending, more]) if self._pending.size else more
         n = self.frame_samples
         whole = buf.size // n * n
-        frames = [self._encode_frame(buf[i : i + n]) for i in range(0, whole, n)]
+        frames = [buf[i : i + n].copy() for i in range(0, whole, n)]
         self._pending = buf[whole:].copy()
         return frames
 
-    def encode(self, pcm: np.ndarray) -> list[bytes]:
+    # Framing (resample, cut into 20 ms) and encoding are separate steps so that a sender
+    # can change a frame (gain) at the last moment before it encodes it.
+
+    def frames(self, pcm: np.ndarray) -> list[Float32Array]:
+        """Resample and cut into whole frames at the output rate; the rest is carried."""
         arr = as_mono_f32(pcm)
         if arr.size:
             self._dirty = True
@@ -71,7 +75,8 @@ class FrameEncoder(ABC):
         self.samples_out += out.size
         return self._take_frames(out)
 
-    def flush(self) -> list[bytes]:
+    def flush_frames(self) -> list[Float32Array]:
+        """End the stream: drain the resampler and zero-pad the last partial frame."""
         tail = self._resampler.flush()
         self.samples_out += tail.size
         if not self._dirty and self._pending.size == 0 and tail.size == 0:
@@ -79,8 +84,13 @@ class FrameEncoder(ABC):
         self._dirty = False
         extra = self._flush_padding()
         extra += -(self._pending.size + tail.size + extra) % self.frame_samples
-        frames = self._take_frames(np.concatenate([tail, np.zeros(extra, dtype=np.float32)]))
-        return frames
+        return self._take_frames(np.concatenate([tail, np.zeros(extra, dtype=np.float32)]))
+
+    def encode(self, pcm: np.ndarray) -> list[bytes]:
+        return [self.encode_frame(f) for f in self.frames(pcm)]
+
+    def flush(self) -> list[bytes]:
+        return [self.encode_frame(f) for f in self.flush_frames()]
 
 
 class OpusEncoder(FrameEncoder):
@@ -111,7 +121,7 @@ class OpusEncoder(FrameEncoder):
     def _flush_padding(self) -> int:
         return self.lookahead_samples
 
-    def _encode_frame(self, frame: Float32Array) -> bytes:
+    def encode_frame(self, frame: Float32Array) -> bytes:
         packet: bytes = self._enc.encode(float_to_int16(frame).tobytes(), frame.size)
         return packet
 
@@ -126,7 +136,7 @@ class Pcm16Encoder(FrameEncoder):
             raise ValueError(f"pcm16 sample_rate must be one of {PCM16_RATES}, got {sample_rate}")
         super().__init__(sample_rate)
 
-    def _encode_frame(self, frame: Float32Array) -> bytes:
+    def encode_frame(self, frame: Float32Array) -> bytes:
         return float_to_int16(frame).astype("<i2").tobytes()
 
 
@@ -165,7 +175,7 @@ class MulawEncoder(FrameEncoder):
     def __init__(self) -> None:
         super().__init__(MULAW_RATE)
 
-    def _encode_frame(self, frame: Float32Array) -> bytes:
+    def encode_frame(self, frame: Float32Array) -> bytes:
         return mulaw_encode(float_to_int16(frame)).tobytes()
 
 

@@ -1,4 +1,4 @@
-"""Acoustic worker: flow matching + vocoder + frame encoding for all turns, on one thread.
+"""Acoustic worker: flow matching + vocoder + framing for all turns, on one thread.
 
 The worker takes every chunk job that is waiting, runs chunks of equal length through
 the flow as one batch, and mel chunks of equal length through the vocoder as one batch
@@ -42,7 +42,9 @@ class AcousticStream:
 @dataclass
 class ChunkResult:
     pcm: np.ndarray  # float32, 24 kHz
-    frames: list[bytes]  # encoded 20 ms frames (empty without an encoder)
+    # 20 ms frames at the output rate, not yet encoded (empty without an encoder): the
+    # sender encodes each one when it is due, so a gain change is applied at once.
+    frames: list[np.ndarray]
     compute_ms: float
 
 
@@ -179,11 +181,11 @@ class AcousticWorker:
                 self._finish(j, p.cpu().numpy().copy())
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
-        frames: list[bytes] = []
+        frames: list[np.ndarray] = []
         if job.stream.encoder is not None:
-            frames = job.stream.encoder.encode(audio)
+            frames = job.stream.encoder.frames(audio)
             if job.final:
-                frames += job.stream.encoder.flush()
+                frames += job.stream.encoder.flush_frames()
         job.done(ChunkResult(audio, frames, (time.perf_counter() - job.t0) * 1000))
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..audio.encoders import make_encoder
+from ..audio.encoders import FrameEncoder, make_encoder
 from ..engine.acoustic import AcousticStream, ChunkResult
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import EngineUnavailable, TokenStream
@@ -89,8 +89,9 @@ class TurnFailed(Exception):
         self.code = code
 
 
-# Items of `Turn.output`: an encoded frame, a failure, or None at the end.
-OutputItem = bytes | TurnFailed | None
+# Items of `Turn.output`: a 20 ms frame of float32 PCM at the output rate (the sender
+# encodes it with `Turn.encoder` when it is due), a failure, or None at the end.
+OutputItem = np.ndarray | TurnFailed | None
 
 
 class Turn:
@@ -121,6 +122,7 @@ class Turn:
         self._gen = torch.Generator().manual_seed(settings.sampling.seed)
         self._lm: TokenStream | None = None
         self._acoustic: AcousticStream | None = None
+        self.encoder: FrameEncoder | None = None  # set when the turn starts running
         self._task: asyncio.Task[None] | None = None
 
     # -- input ----------------------------------------------------------------------------
@@ -169,10 +171,10 @@ class Turn:
     async def _run(self) -> None:
         s = self.settings
         try:
-            encoder = make_encoder(
+            self.encoder = make_encoder(
                 s.output.codec, sample_rate=s.output.sample_rate, bitrate=s.output.bitrate
             )
-            self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, encoder)
+            self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, self.encoder)
             if self.streaming:
                 await self._run_streaming()
             else:

@@ -41,8 +41,9 @@ class Input:
 
 @dataclass(frozen=True)
 class BargeIn:
-    mode: str = "off"  # off | cancel: speech onset cancels the live turns
+    mode: str = "off"  # off | cancel (speech onset cancels the live turns) | duck
     guard_ms: int = 300  # no barge-in this early in a turn's playback (echo of its start)
+    duck_gain: float = 0.25  # duck: output gain while the person speaks
 
 
 @dataclass(frozen=True)
@@ -242,14 +243,15 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
         )
         new = replace(new, input=Input(rate, aggr))
     if "barge_in" in changes:
-        b = _object(changes["barge_in"], "barge_in", {"mode", "guard_ms"})
+        b = _object(changes["barge_in"], "barge_in", {"mode", "guard_ms", "duck_gain"})
         mode = b.get("mode", new.barge_in.mode)
-        if mode not in ("off", "cancel"):
-            raise _invalid("'barge_in.mode' must be off or cancel")
+        if mode not in ("off", "cancel", "duck"):
+            raise _invalid("'barge_in.mode' must be off, cancel or duck")
         guard = _number(
             b.get("guard_ms", new.barge_in.guard_ms), "barge_in.guard_ms", 0, 5000, True
         )
-        new = replace(new, barge_in=BargeIn(mode, guard))
+        gain = _number(b.get("duck_gain", new.barge_in.duck_gain), "barge_in.duck_gain", 0, 1)
+        new = replace(new, barge_in=BargeIn(mode, guard, float(gain)))
     return new
 
 

@@ -99,7 +99,27 @@ class MicAudio:
     vad_aggressiveness: int
 
 
-Action = SendEvent | SendAudio | OpenTurn | AppendText | FlushText | EndText | CancelTurn | MicAudio
+@dataclass(frozen=True)
+class SetGain:
+    """Scale the session's outgoing audio from the next frame on (duck mode)."""
+
+    gain: float
+
+
+Action = (
+    SendEvent
+    | SendAudio
+    | OpenTurn
+    | AppendText
+    | FlushText
+    | EndText
+    | CancelTurn
+    | MicAudio
+    | SetGain
+)
+
+# Loudness of this many frames goes out in one `audio.levels` event (100 ms at 20 ms).
+LEVELS_PER_EVENT = 5
 
 
 @dataclass
@@ -111,6 +131,7 @@ class _Turn:
     chars: int = 0
     frames: int = 0
     frame_ms: int = 20
+    levels: list[float] = field(default_factory=list)  # not yet sent in audio.levels
 
 
 def error_event(code: ErrorCode, message: str, turn_id: str | None = None) -> dict[str, Any]:
@@ -130,6 +151,7 @@ class SessionCore:
     _ids: set[str] = field(default_factory=set)
     _next_num: int = 1
     _open: int | None = None
+    _ducked: bool = False
 
     @property
     def started(self) -> bool:
@@ -184,21 +206,27 @@ class SessionCore:
     def speech(self, kind: str, t_ms: int, played_ms: int | None) -> list[Action]:
         """The client's voice started or stopped (`t_ms` on its audio timeline).
         `played_ms`: how much of the playing turn the listener has heard, or None when no
-        turn is playing. A speech onset past the guard cancels the live turns (barge-in)."""
+        turn is playing. A speech onset past the guard barges in: `cancel` stops the live
+        turns, `duck` lowers the output until the speech stops."""
         actions: list[Action] = [SendEvent({"type": kind, "t_ms": t_ms})]
         bi = self.settings.barge_in if self.settings else None
-        if (
-            kind == "speech_started"
-            and bi is not None
-            and bi.mode == "cancel"
-            and played_ms is not None
-            and played_ms >= bi.guard_ms
-        ):
+        if bi is None:
+            return actions
+        if kind == "speech_stopped" and self._ducked:
+            self._ducked = False
+            actions += [SetGain(1.0), SendEvent({"type": "audio.unducked", "t_ms": t_ms})]
+        if kind != "speech_started" or played_ms is None or played_ms < bi.guard_ms:
+            return actions
+        if bi.mode == "cancel":
             for action in self._cancel(None):
                 if isinstance(action, SendEvent) and action.event["type"] == "turn.cancelled":
                     action.event["reason"] = "barge_in"
                     action.event["played_ms"] = min(played_ms, action.event["sent_ms"])
                 actions.append(action)
+        elif bi.mode == "duck" and not self._ducked:
+            self._ducked = True
+            event = {"type": "audio.ducked", "t_ms": t_ms, "gain": bi.duck_gain}
+            actions += [SetGain(bi.duck_gain), SendEvent(event)]
         return actions
 
     def _start(self, changes: dict[str, Any]) -> list[Action]:
@@ -360,8 +388,11 @@ class SessionCore:
 
     # -- input from the pipeline ----------------------------------------------------------
 
-    def audio(self, num: int, codec: str, payload: bytes, frame_ms: int = 20) -> list[Action]:
-        """A frame of turn `num` is due to be sent. Nothing is sent for a finished turn."""
+    def audio(
+        self, num: int, codec: str, payload: bytes, frame_ms: int = 20, level: float = 0.0
+    ) -> list[Action]:
+        """A frame of turn `num` is due to be sent; `level` is its loudness (0..1), which
+        goes out in `audio.levels` events for lip sync. Nothing is sent for a finished turn."""
         turn = self._turns.get(num)
         if turn is None:
             return []
@@ -373,13 +404,33 @@ class SessionCore:
         frame = AudioFrame(codec, num, turn.frames, turn.frames * frame_ms, payload)
         turn.frames += 1
         turn.frame_ms = frame_ms
+        turn.levels.append(round(level, 3))
         actions.append(SendAudio(pack(frame)))
+        if len(turn.levels) >= LEVELS_PER_EVENT:
+            actions += self._levels(turn)
         return actions
+
+    def _levels(self, turn: _Turn) -> list[Action]:
+        """The pending loudness values of `turn`, as one event (none if nothing is pending).
+        They cover the turn's last frames, so `offset_ms` counts back from the frames sent."""
+        if not turn.levels:
+            return []
+        event = {
+            "type": "audio.levels",
+            "turn_id": turn.turn_id,
+            "turn": turn.num,
+            "offset_ms": (turn.frames - len(turn.levels)) * turn.frame_ms,
+            "frame_ms": turn.frame_ms,
+            "levels": turn.levels,
+        }
+        turn.levels = []
+        return [SendEvent(event)]
 
     def turn_done(self, num: int, timings: dict[str, Any]) -> list[Action]:
         turn = self._turns.get(num)
         if turn is None:
             return []
+        actions = self._levels(turn)
         self._finish(turn)
         event = {
             "type": "turn.done",
@@ -388,7 +439,7 @@ class SessionCore:
             "sent_ms": turn.frames * turn.frame_ms,
             "timings": timings,
         }
-        return [SendEvent(event)]
+        return [*actions, SendEvent(event)]
 
     def turn_failed(self, num: int, code: ErrorCode, message: str) -> list[Action]:
         turn = self._turns.get(num)

@@ -4,6 +4,7 @@ GET  /health       readiness and load
 GET  /v1/voices    voices of the loaded model
 WS   /v1/ws        sessions (docs/protocol.md)
 POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (server/webrtc.py)
+GET  /             the browser demo (web/), when that folder exists
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..engine.embedded import EmbeddedEngine
@@ -32,6 +34,9 @@ from .runner import PlayoutConfig, SessionRunner
 from .webrtc import WebRtcConfig, WebRtcGateway
 
 log = logging.getLogger(__name__)
+
+# The demo page ships beside the package in a source checkout (pip install -e).
+DEFAULT_WEB_DIR = Path(__file__).resolve().parents[2] / "web"
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class ServerConfig:
     voices_dir: Path | None = None  # voices added with `voiceagent voice add`
     voices_rescan_s: float = 2.0
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
+    web_dir: Path | None = DEFAULT_WEB_DIR  # served at / (None: no page)
 
 
 class VoiceServer:
@@ -68,15 +74,16 @@ class VoiceServer:
         self._voice_files: dict[Path, float] = {}
         self.rescan_voices()
         self.webrtc = WebRtcGateway(self, config.webrtc)  # shares self.sessions
-        self.app = Starlette(
-            routes=[
-                Route("/health", self.health),
-                Route("/v1/voices", self.voices),
-                WebSocketRoute("/v1/ws", self.websocket),
-                Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
-            ],
-            lifespan=self._lifespan,
-        )
+        routes: list[BaseRoute] = [
+            Route("/health", self.health),
+            Route("/v1/voices", self.voices),
+            WebSocketRoute("/v1/ws", self.websocket),
+            Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
+        ]
+        web = config.web_dir
+        if web is not None and (web / "index.html").is_file():
+            routes.append(Mount("/", StaticFiles(directory=web, html=True), name="web"))
+        self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..audio.levels import loudness
 from ..audio.vad import VoiceActivity
 from ..engine.embedded import EmbeddedEngine
 from ..model.sampling import SamplingParams
@@ -31,6 +32,7 @@ from ..protocol.session import (
     SendAudio,
     SendEvent,
     SessionCore,
+    SetGain,
 )
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class SessionRunner:
         # (first frame sent at, frames sent) of the playing turn: what the listener heard
         self._heard: tuple[float, int] | None = None
         self._vad: VoiceActivity | None = None
+        self.gain = 1.0  # applied to each frame as it is sent (ducking)
         self._player = asyncio.get_running_loop().create_task(self._play_turns())
 
     async def on_text(self, data: str) -> None:
@@ -114,6 +117,8 @@ class SessionRunner:
                 self._drop(action.num)
             elif isinstance(action, MicAudio):
                 await self.execute(self._listen(action))
+            elif isinstance(action, SetGain):
+                self.gain = action.gain
 
     def _listen(self, mic: MicAudio) -> list[Action]:
         """Microphone audio -> voice activity -> speech events (and barge-in, in the core)."""
@@ -174,6 +179,8 @@ class SessionRunner:
             turn.close()
 
     async def _play(self, num: int, turn: Turn) -> None:
+        """Send the turn's frames on an absolute clock, `lead_ms` ahead of real time. Each
+        frame is encoded only now, so a gain change (ducking) applies from the next frame."""
         codec = turn.settings.output.codec
         lead = self.playout.lead_ms / 1000
         start: float | None = None
@@ -195,7 +202,10 @@ class SessionRunner:
                 delay = start + seq * FRAME_MS / 1000 - lead - now
                 if delay > 0:
                     await asyncio.sleep(delay)
-                await self.execute(self.core.audio(num, codec, item, FRAME_MS))
+                assert turn.encoder is not None  # set before the turn's first frame
+                frame = item if self.gain == 1.0 else (item * self.gain).astype(np.float32)
+                data = turn.encoder.encode_frame(frame)
+                await self.execute(self.core.audio(num, codec, data, FRAME_MS, loudness(frame)))
                 seq += 1
                 self._heard = (start, seq)
         except asyncio.CancelledError:
