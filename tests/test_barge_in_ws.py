@@ -88,3 +88,52 @@ def test_with_barge_in_off_speech_is_reported_and_the_turn_plays_on(make_server,
     kinds = [e["type"] for e in events]
     assert "speech_started" in kinds and "turn.cancelled" not in kinds
     assert cancelled_after is None
+
+
+def test_in_duck_mode_the_bot_gets_quieter_while_the_person_speaks(make_server, tmp_path):
+    mic = speech_16k(tmp_path)
+
+    async def go() -> list[dict]:
+        async with connect(make_server().url) as ws:
+            c = Client(ws)
+            await c.start(
+                format={"codec": "pcm16"},
+                input={"sample_rate": 16000},
+                barge_in={"mode": "duck", "guard_ms": 300, "duck_gain": 0.25},
+            )
+            await c.send({"type": "speak", "text": "Here is a long answer. " * 8})
+            events: list[dict] = []
+
+            async def listen() -> None:
+                async for msg in ws:
+                    if isinstance(msg, str):
+                        events.append(json.loads(msg))
+
+            listener = asyncio.get_running_loop().create_task(listen())
+            await asyncio.sleep(1.0)
+            for i in range(0, len(mic), 640):  # the person speaks, in real time
+                await ws.send(mic[i : i + 640])
+                await asyncio.sleep(0.02)
+            for _ in range(40):  # then silence, until the VAD hears the end
+                await ws.send(bytes(640))
+                await asyncio.sleep(0.02)
+            listener.cancel()
+            return events
+
+    events = run(go())
+    kinds = [e["type"] for e in events]
+    assert "turn.cancelled" not in kinds  # ducking never stops the turn
+    ducked, unducked = kinds.index("audio.ducked"), kinds.index("audio.unducked")
+    assert kinds.index("speech_started") < ducked < kinds.index("speech_stopped") < unducked
+    assert events[ducked]["gain"] == 0.25
+
+    def mean_level(batches: list[dict]) -> float:
+        values = [x for e in batches if e["type"] == "audio.levels" for x in e["levels"]]
+        assert values
+        return float(np.mean(values))
+
+    # Levels describe frames as sent: 0.25 is -12 dB, 0.2 on the 60 dB level scale.
+    # The first batch after each switch may hold frames from before it.
+    before = mean_level(events[:ducked])
+    during = mean_level([e for e in events[ducked:unducked] if e["type"] == "audio.levels"][1:])
+    assert before - during == pytest.approx(0.2, abs=0.05)

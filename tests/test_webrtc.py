@@ -82,6 +82,7 @@ class Peer:
     pc: RTCPeerConnection
     channel: RTCDataChannel
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    seen: list[dict[str, Any]] = field(default_factory=list)  # every event, in order
     # (pts, rms, arrival time) of every frame the track delivered
     frames: list[tuple[int, float, float]] = field(default_factory=list)
     reader: asyncio.Task[None] | None = None
@@ -108,7 +109,12 @@ async def open_peer(server: Any, mic: MediaStreamTrack | None = None) -> Peer:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     channel = pc.createDataChannel("control")
     peer = Peer(pc, channel)
-    channel.on("message", lambda m: peer.events.put_nowait(json.loads(m)))
+    @channel.on("message")
+    def on_message(message: str) -> None:
+        event = json.loads(message)
+        peer.seen.append(event)
+        peer.events.put_nowait(event)
+
     if mic is None:
         pc.addTransceiver("audio", direction="recvonly")
     else:
@@ -218,6 +224,12 @@ def test_turn_over_data_channel_and_paced_audio_track(server):
     # real-time pacing: frames arrive at 50 per second, not in a burst
     span = frames[-1][2] - frames[0][2]
     assert span == pytest.approx(len(frames) * 0.02, abs=0.25)
+    # lip sync: the turn's start is placed on the track once, and every frame has a level
+    turn = events[0]["turn"]
+    syncs = [e for e in peer.seen if e["type"] == "audio.sync"]
+    assert syncs == [{"type": "audio.sync", "turn": turn, "offset_ms": 0}]
+    levels = [x for e in peer.seen if e["type"] == "audio.levels" for x in e["levels"]]
+    assert len(levels) == sent_ms // 20 and max(levels) > 0.3
 
 
 def test_peer_leaving_mid_turn_is_cleaned_up(server):
@@ -354,7 +366,8 @@ def test_session_limit_is_shared_with_websocket_sessions(make_server):
 
 def test_track_paces_frames_and_never_rewinds_pts():
     async def go() -> None:
-        track = OutboundAudioTrack(max_frames=4)
+        syncs: list[tuple[int, int]] = []
+        track = OutboundAudioTrack(max_frames=4, on_sync=lambda *a: syncs.append(a))
         tone = (np.full(960, 1000, np.int16)).tobytes()
         for _ in range(3):
             await track.put(1, tone)
@@ -372,6 +385,7 @@ def test_track_paces_frames_and_never_rewinds_pts():
         levels = [int(np.abs(f.to_ndarray()).max()) for f in frames]
         assert levels == [1000, 1000, 1000, 1000, 1000, 0, 0, 0]
         assert track.played == {1: 3, 2: 1, 3: 1}
+        assert syncs == [(1, 0), (2, 0), (3, 0)]  # each turn's first frame after another's
         assert elapsed == pytest.approx(7 * 0.02, abs=0.03)  # absolute clock from frame 0
         # a cancelled turn's queued frames are dropped; pts carries on
         await track.put(4, tone)
@@ -379,6 +393,7 @@ def test_track_paces_frames_and_never_rewinds_pts():
         assert track.drop_turn(4) == 1
         nxt = await track.recv()
         assert nxt.pts == 8 * 960 and track.played[5] == 1
+        assert syncs[-1] == (5, 0)
         track.stop()
 
     run(go())
@@ -415,6 +430,10 @@ def test_barge_in_cancels_the_playing_turn(make_server, spoken):
     late = [f for f in peer.frames if f[2] > at + 0.3]
     assert len(late) >= 10 and all(f[1] <= SILENT_RMS for f in late)
     assert pts_steps(peer.frames) == {960}
+    # played_ms is what the receiver got of the turn, within one frame
+    heard = [i for i, f in enumerate(peer.frames) if f[1] > SILENT_RMS]
+    heard_ms = (heard[-1] - heard[0] + 1) * 20
+    assert abs(cancelled["played_ms"] - heard_ms) <= 20, (cancelled["played_ms"], heard_ms)
 
 
 def test_an_offer_never_completed_times_out(make_server):

@@ -93,13 +93,22 @@ class OutboundAudioTrack(MediaStreamTrack):
     `recv()` returns the next queued frame, or silence when none is queued; pts grows by
     960 on every frame forever (across turns, cancels and idle gaps), so the RTP
     timestamps never rewind. Producers `put()` and wait while the queue is full, which
-    keeps only a small buffer ahead of real time.
+    keeps only a small buffer ahead of real time. `on_sync(turn, offset_ms)` is called
+    when a turn's frame goes out after silence or another turn's audio, so the peer can
+    place that turn's timeline (lip sync) on its playback clock.
     """
 
     kind = "audio"
 
-    def __init__(self, max_frames: int = 25, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_frames: int = 25,
+        clock: Callable[[], float] = time.monotonic,
+        on_sync: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__()
+        self.on_sync = on_sync
+        self._last_turn: int | None = None  # turn of the frame returned last (None: silence)
         self.max_frames = max_frames
         self._clock = clock
         self._queue: deque[tuple[int, bytes]] = deque()
@@ -140,12 +149,17 @@ class OutboundAudioTrack(MediaStreamTrack):
             # The loop stalled: re-anchor the clock instead of bursting to catch up.
             # Only the wall-clock anchor moves; pts keeps counting.
             self._start = now - self._index * FRAME_S
+        turn: int | None = None
         if self._queue:
             turn, pcm = self._queue.popleft()
-            self.played[turn] = self.played.get(turn, 0) + 1
+            played = self.played.get(turn, 0)
+            if turn != self._last_turn and self.on_sync is not None:
+                self.on_sync(turn, played * 20)
+            self.played[turn] = played + 1
             self._space.set()
         else:
             pcm = bytes(FRAME_BYTES)
+        self._last_turn = turn
         frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
         frame.planes[0].update(pcm)
         frame.pts = self._index * FRAME_SAMPLES
@@ -192,7 +206,7 @@ class WebRtcSession:
         self.config = gateway.config
         self.pc = pc
         self.id = uuid.uuid4().hex[:16]
-        self.track = OutboundAudioTrack(self.config.track_buffer_frames)
+        self.track = OutboundAudioTrack(self.config.track_buffer_frames, on_sync=self._on_sync)
         self.channel: RTCDataChannel | None = None
         self.core = WebRtcCore(self.id, self.server.catalog, self.server.config.limits)
         self.runner = SessionRunner(
@@ -239,6 +253,9 @@ class WebRtcSession:
             log.warning("session %s: dropping a %s frame", self.id, frame.codec)
             return
         await self.track.put(frame.turn, frame.payload)
+
+    def _on_sync(self, turn: int, offset_ms: int) -> None:
+        self.send_event({"type": "audio.sync", "turn": turn, "offset_ms": offset_ms})
 
     def send_event(self, event: dict[str, Any]) -> None:
         """Best effort: an event with no open channel to carry it is dropped."""
