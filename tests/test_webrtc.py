@@ -109,6 +109,7 @@ async def open_peer(server: Any, mic: MediaStreamTrack | None = None) -> Peer:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     channel = pc.createDataChannel("control")
     peer = Peer(pc, channel)
+
     @channel.on("message")
     def on_message(message: str) -> None:
         event = json.loads(message)
