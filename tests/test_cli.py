@@ -136,3 +136,23 @@ def test_bench_json_has_the_documented_keys(tiny_dir):
         assert row["ttfa_ms_p50"] > 0 and row["ttfa_ms_p95"] >= row["ttfa_ms_p50"]
         assert row["rtf"] > 0
     assert [r["sessions"] for r in report["runs"]["streaming"]] == [1, 2]
+
+
+@pytest.mark.timeout(300)
+def test_webrtc_bench_reports_real_time_sessions_and_barge_in_latency(tiny_dir):
+    """One aiortc client against a `voiceagent serve` process: it hears the bot, talks
+    over it, and the bench times onset -> silence at the client."""
+    proc = subprocess.run(
+        [*CLI, "bench", "--scenario", "webrtc", "--model", str(tiny_dir)]
+        + ["--sessions", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(proc.stdout)
+    assert report["sessions_realtime"] == 1
+    assert report["runs"][0]["underrun_frames"] == 0
+    # VAD onset (60 ms) + a frame each way at least; far below a second on loopback
+    assert 80 < report["bargein_ms_p50"] <= report["bargein_ms_p95"] < 1000
+    assert 0 < report["server_cpu_pct_per_session"] < 200

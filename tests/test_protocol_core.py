@@ -118,7 +118,12 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                     "speed": 1.0,
                     "sampling": {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "seed": 0},
                     "format": {"codec": "opus", "sample_rate": 48000, "bitrate": 32000},
-                    "input": {"sample_rate": 0, "vad_aggressiveness": 2},
+                    "input": {
+                        "sample_rate": 0,
+                        "vad_aggressiveness": 2,
+                        "min_speech_ms": 60,
+                        "hangover_ms": 300,
+                    },
                     "barge_in": {"mode": "off", "guard_ms": 300, "duck_gain": 0.25},
                 },
                 "voices": ["agent", "narrator"],
@@ -152,7 +157,12 @@ def test_session_start_applies_the_settings_it_carries() -> None:
         "speed": 1.5,
         "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 0.8, "seed": 7},
         "format": {"codec": "pcm16", "sample_rate": 16000, "bitrate": 32000},
-        "input": {"sample_rate": 0, "vad_aggressiveness": 2},
+        "input": {
+            "sample_rate": 0,
+            "vad_aggressiveness": 2,
+            "min_speech_ms": 60,
+            "hangover_ms": 300,
+        },
         "barge_in": {"mode": "off", "guard_ms": 300, "duck_gain": 0.25},
     }
     opened = assert_speaks(core)
@@ -789,6 +799,8 @@ INVALID_SETTINGS: list[dict[str, Any]] = [
     {"format": {"bitrate": 32000.5}},
     {"format": {"channels": 2}},  # unknown key inside format
     {"format": "opus"},
+    {"input": {"min_speech_ms": 10}},
+    {"input": {"hangover_ms": 60.5}},
     {"barge_in": {"mode": "shout"}},
     {"barge_in": {"guard_ms": 9000}},
     {"barge_in": {"duck_gain": 1.5}},
@@ -938,7 +950,7 @@ def test_a_model_without_voices_says_so_instead_of_failing() -> None:
 
 def test_binary_is_microphone_audio_once_the_input_rate_is_set() -> None:
     core = started({"input": {"sample_rate": 16000}})
-    assert core.receive_bytes(bytes(640)) == [MicAudio(bytes(640), 16000, 2)]
+    assert core.receive_bytes(bytes(640)) == [MicAudio(bytes(640), 16000)]
     assert_error(core.receive_bytes(bytes(641)), ErrorCode.INVALID_MESSAGE)
     assert_error(core.receive_bytes(bytes(70_000)), ErrorCode.MESSAGE_TOO_LARGE)
     assert_error(

@@ -151,7 +151,8 @@ def _table(report: dict[str, Any]) -> str:
 def run_bench(args: argparse.Namespace) -> int:
     from .cli import load_model
 
-    logging.getLogger("voiceagent").setLevel(logging.WARNING)
+    for name in ("voiceagent", "aioice", "aiortc", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     if args.scenario == "chunk-cost":
         from . import bench_chunks
 
@@ -162,9 +163,16 @@ def run_bench(args: argparse.Namespace) -> int:
             f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
             for mode in ("linear", "recompute")
         )
+    elif args.scenario == "webrtc":
+        from . import bench_webrtc
+
+        levels = [int(x) for x in (args.sessions or "1,2,4,8,12,16").split(",")]
+        opts = bench_webrtc.Options(client_prefetch=args.client_prefetch)
+        report = bench_webrtc.measure(args.model, levels, opts, args.max_speech_s or 3.0)
+        text = bench_webrtc.table(report)
     else:
         model = load_model(args.model, args.device)
-        levels = [int(x) for x in args.sessions.split(",")]
+        levels = [int(x) for x in (args.sessions or "1,8").split(",")]
         factory = None
         if args.sglang_url:
             url, export = args.sglang_url, Path(args.sglang_export)
@@ -173,7 +181,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 return SGLangLM(model, url, export)
 
         report = measure(
-            model, levels, args.turns, args.lead_ms, int(args.max_speech_s * 25), factory
+            model, levels, args.turns, args.lead_ms, int((args.max_speech_s or 60.0) * 25), factory
         )
         text = _table(report)
     print(json.dumps(report) if args.json else text)

@@ -35,8 +35,12 @@ class Format:
 class Input:
     """Microphone audio the client streams up as binary PCM16 mono messages."""
 
-    sample_rate: int = 0  # 0: no microphone; binary messages are refused
+    sample_rate: int = 0  # 0: no microphone on WebSocket; binary messages are refused
     vad_aggressiveness: int = 2
+    # Voice activity: onset after this much voiced audio (short: barge-in is felt as
+    # latency), offset after this much silence.
+    min_speech_ms: int = 60
+    hangover_ms: int = 300
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,11 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
         )
         new = replace(new, format=Format(codec, rate, bitrate))
     if "input" in changes:
-        i = _object(changes["input"], "input", {"sample_rate", "vad_aggressiveness"})
+        i = _object(
+            changes["input"],
+            "input",
+            {"sample_rate", "vad_aggressiveness", "min_speech_ms", "hangover_ms"},
+        )
         rate = i.get("sample_rate", new.input.sample_rate)
         if isinstance(rate, bool) or rate not in INPUT_RATES:
             raise _invalid(f"'input.sample_rate' must be one of {', '.join(map(str, INPUT_RATES))}")
@@ -241,7 +249,13 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
             3,
             True,
         )
-        new = replace(new, input=Input(rate, aggr))
+        onset = _number(
+            i.get("min_speech_ms", new.input.min_speech_ms), "input.min_speech_ms", 20, 2000, True
+        )
+        hangover = _number(
+            i.get("hangover_ms", new.input.hangover_ms), "input.hangover_ms", 20, 5000, True
+        )
+        new = replace(new, input=Input(rate, aggr, onset, hangover))
     if "barge_in" in changes:
         b = _object(changes["barge_in"], "barge_in", {"mode", "guard_ms", "duck_gain"})
         mode = b.get("mode", new.barge_in.mode)

@@ -96,7 +96,6 @@ class MicAudio:
 
     pcm: bytes
     sample_rate: int
-    vad_aggressiveness: int
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ class SessionCore:
             code, msg = ErrorCode.INVALID_MESSAGE, "PCM16 audio needs an even number of bytes"
         else:
             i = self.settings.input
-            return [MicAudio(data, i.sample_rate, i.vad_aggressiveness)]
+            return [MicAudio(data, i.sample_rate)]
         return [SendEvent(error_event(code, msg))]
 
     def speech(self, kind: str, t_ms: int, played_ms: int | None) -> list[Action]:

@@ -20,7 +20,7 @@ from ..engine.embedded import EmbeddedEngine
 from ..model.sampling import SamplingParams
 from ..pipeline.turn import ChunkSchedule, OutputFormat, Turn, TurnFailed, TurnSettings
 from ..protocol.errors import ErrorCode
-from ..protocol.messages import Settings
+from ..protocol.messages import Input, Settings
 from ..protocol.session import (
     Action,
     AppendText,
@@ -56,7 +56,10 @@ class SessionRunner:
         send_text: Callable[[str], Awaitable[None]],
         send_bytes: Callable[[bytes], Awaitable[None]],
         playout: PlayoutConfig = PlayoutConfig(),
+        heard_ms: Callable[[], int | None] | None = None,
     ) -> None:
+        """`heard_ms`: how much of the playing turn the listener has heard, where the
+        transport knows better than the time since the first frame was sent."""
         self.core = core
         self.engine = engine
         self.playout = playout
@@ -68,6 +71,8 @@ class SessionRunner:
         # (first frame sent at, frames sent) of the playing turn: what the listener heard
         self._heard: tuple[float, int] | None = None
         self._vad: VoiceActivity | None = None
+        self._vad_key: tuple[int, ...] = ()
+        self._transport_heard_ms = heard_ms
         self.gain = 1.0  # applied to each frame as it is sent (ducking)
         self._player = asyncio.get_running_loop().create_task(self._play_turns())
 
@@ -116,20 +121,26 @@ class SessionRunner:
             elif isinstance(action, CancelTurn):
                 self._drop(action.num)
             elif isinstance(action, MicAudio):
-                await self.execute(self._listen(action))
+                pcm = np.frombuffer(action.pcm, dtype="<i2")
+                await self.execute(self.hear(pcm, action.sample_rate))
             elif isinstance(action, SetGain):
                 self.gain = action.gain
 
-    def _listen(self, mic: MicAudio) -> list[Action]:
-        """Microphone audio -> voice activity -> speech events (and barge-in, in the core)."""
-        vad = self._vad
-        if vad is None or (vad.sample_rate, vad.aggressiveness) != (
-            mic.sample_rate,
-            mic.vad_aggressiveness,
-        ):
-            vad = self._vad = VoiceActivity(mic.sample_rate, mic.vad_aggressiveness)
+    def hear(self, pcm: np.ndarray, sample_rate: int) -> list[Action]:
+        """Microphone audio (any transport) -> voice activity -> speech events, and the
+        core's barge-in decision. The detector follows the session's `input` settings."""
+        i = self.core.settings.input if self.core.settings else Input()
+        key = (sample_rate, i.vad_aggressiveness, i.min_speech_ms, i.hangover_ms)
+        if self._vad is None or self._vad_key != key:
+            self._vad_key = key
+            self._vad = VoiceActivity(
+                sample_rate,
+                i.vad_aggressiveness,
+                min_speech_ms=i.min_speech_ms,
+                hangover_ms=i.hangover_ms,
+            )
         actions: list[Action] = []
-        for kind, t_ms in vad.feed(np.frombuffer(mic.pcm, dtype="<i2")):
+        for kind, t_ms in self._vad.feed(pcm):
             actions += self.core.speech(kind, t_ms, self.heard_ms())
         return actions
 
@@ -141,6 +152,8 @@ class SessionRunner:
         """How much of the playing turn the listener has heard: the client plays frames as
         they come (paced in real time), so at most the time since the first frame, and
         never more than was sent. None when no turn is playing."""
+        if self._transport_heard_ms is not None:
+            return self._transport_heard_ms()
         if self._heard is None:
             return None
         since, frames = self._heard

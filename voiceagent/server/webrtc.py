@@ -37,11 +37,11 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc import sdp as aiortc_sdp
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..audio.vad import VoiceActivity
 from ..protocol.errors import ErrorCode
 from ..protocol.frames import unpack
 from ..protocol.session import Action, SessionCore
@@ -68,12 +68,11 @@ class WebRtcConfig:
     track_buffer_frames: int = 10  # frames queued ahead of real time at most (200 ms)
     max_inbox: int = 256  # unprocessed control messages before a session is dropped
     ice_servers: tuple[str, ...] = ()  # none by default: aiortc's default is a public STUN
-    vad_aggressiveness: int = 2
-    vad_frame_ms: int = 20
-    vad_min_speech_ms: int = 120
-    vad_hangover_ms: int = 400
-    # Barge-in is a session setting (`barge_in.mode`, `barge_in.guard_ms`), decided by the
-    # protocol core for both transports.
+    # aiortc holds 4 frames (80 ms) of inbound audio to reorder packets; the server only
+    # runs VAD on it, where a late packet matters less than 60 ms of barge-in latency.
+    inbound_prefetch_frames: int = 1
+    # Voice activity (`input.*`) and barge-in (`barge_in.*`) are session settings, used
+    # the same way on both transports.
 
 
 class OfferError(Exception):
@@ -169,6 +168,20 @@ class OutboundAudioTrack(MediaStreamTrack):
         return frame
 
 
+def set_audio_prefetch(pc: RTCPeerConnection, frames: int) -> bool:
+    """Make the audio receivers of `pc` hold `frames` frames before decoding (aiortc: 4).
+    aiortc has no setting for it, so this swaps its private jitter buffer; it returns
+    False (and changes nothing) if a future aiortc stores it differently."""
+    changed = False
+    for transceiver in pc.getTransceivers():
+        receiver = transceiver.receiver
+        name = "_RTCRtpReceiver__jitter_buffer"
+        if transceiver.kind == "audio" and isinstance(getattr(receiver, name, None), JitterBuffer):
+            setattr(receiver, name, JitterBuffer(capacity=16, prefetch=frames))
+            changed = True
+    return changed
+
+
 def mono_float(frame: av.AudioFrame) -> np.ndarray:
     """Downmix any aiortc-decoded frame (packed or planar, int16 or float) to mono float."""
     arr = frame.to_ndarray()
@@ -215,6 +228,7 @@ class WebRtcSession:
             self._send_text,
             self._send_bytes,
             self.server.config.playout,
+            heard_ms=self._heard_ms,
         )
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(self.config.max_inbox)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -257,9 +271,12 @@ class WebRtcSession:
     def _on_sync(self, turn: int, offset_ms: int) -> None:
         self.send_event({"type": "audio.sync", "turn": turn, "offset_ms": offset_ms})
 
+    def _channel_open(self) -> bool:
+        return self.channel is not None and self.channel.readyState == "open"
+
     def send_event(self, event: dict[str, Any]) -> None:
         """Best effort: an event with no open channel to carry it is dropped."""
-        if self.channel is not None and self.channel.readyState == "open":
+        if self.channel is not None and self._channel_open():
             self.channel.send(json.dumps(event))
 
     # -- peer connection events -----------------------------------------------------------
@@ -314,33 +331,22 @@ class WebRtcSession:
     async def _listen(self, track: MediaStreamTrack) -> None:
         """Inbound audio -> VAD -> events on the data channel. Reading also keeps aiortc's
         unbounded receive queue drained."""
-        vad: VoiceActivity | None = None
         while True:
             try:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            if not isinstance(frame, av.AudioFrame):
-                continue
-            if vad is None or vad.sample_rate != frame.sample_rate:
-                vad = VoiceActivity(
-                    frame.sample_rate,
-                    aggressiveness=self.config.vad_aggressiveness,
-                    frame_ms=self.config.vad_frame_ms,
-                    min_speech_ms=self.config.vad_min_speech_ms,
-                    hangover_ms=self.config.vad_hangover_ms,
-                )
-            for kind, t_ms in vad.feed(mono_float(frame)):
-                if not self.core.started:
-                    self.send_event({"type": kind, "t_ms": t_ms})
-                    continue
-                # What the peer has heard of the playing turn: frames the track returned.
-                playing = self.runner.playing_turn
-                heard = None if playing is None else self.track.played.get(playing, 0) * 20
-                try:
-                    await self.runner.execute(self.core.speech(kind, t_ms, heard))
-                except ConnectionError:
-                    self.close_soon()
+            if not isinstance(frame, av.AudioFrame) or not self._channel_open():
+                continue  # nowhere to send speech events yet
+            try:
+                await self.runner.execute(self.runner.hear(mono_float(frame), frame.sample_rate))
+            except ConnectionError:
+                self.close_soon()
+
+    def _heard_ms(self) -> int | None:
+        """What the peer has heard of the playing turn: frames the track has sent."""
+        playing = self.runner.playing_turn
+        return None if playing is None else self.track.played.get(playing, 0) * 20
 
     # -- teardown -------------------------------------------------------------------------
 
@@ -462,6 +468,8 @@ class WebRtcGateway:
             await pc.setRemoteDescription(offer)
         except Exception as exc:
             raise OfferError("invalid_sdp", f"offer rejected: {exc!r}"[:300]) from None
+        if not set_audio_prefetch(pc, self.config.inbound_prefetch_frames):
+            log.warning("could not shorten aiortc's inbound jitter buffer; barge-in is slower")
         audio = next(t for t in pc.getTransceivers() if t.kind == "audio")
         opus = [
             c
