@@ -142,9 +142,9 @@ def test_bench_json_has_the_documented_keys(tiny_dir):
 def test_webrtc_bench_reports_real_time_sessions_and_barge_in_latency(tiny_dir):
     """One aiortc client against a `voiceagent serve` process: it hears the bot, talks
     over it, and the bench times onset -> silence at the client."""
+    args = ["bench", "--scenario", "webrtc", "--model", str(tiny_dir), "--sessions", "1", "--json"]
     proc = subprocess.run(
-        [*CLI, "bench", "--scenario", "webrtc", "--model", str(tiny_dir)]
-        + ["--sessions", "1", "--json"],
+        [*CLI, *args],
         capture_output=True,
         text=True,
         timeout=300,
