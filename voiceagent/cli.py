@@ -38,6 +38,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .protocol.session import Limits
     from .server.app import ServerConfig, VoiceServer, serve
     from .server.runner import PlayoutConfig
+    from .server.webrtc import WebRtcConfig
 
     model = load_model(args.model, args.device)
     lm = None
@@ -64,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_segment_tokens=int(args.max_speech_s * 25),
         ),
         voices_dir=voices_dir(args),
+        webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // 20)),
     )
     log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
     uvloop.run(serve(VoiceServer(engine, config), args.log_level))
@@ -211,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-message-bytes", type=int, default=64 * 1024)
     s.add_argument("--max-text-chars", type=int, default=20_000, help="per turn")
     s.add_argument("--lead-ms", type=int, default=200, help="audio sent ahead of real time")
+    s.add_argument(
+        "--webrtc-buffer-ms",
+        type=int,
+        default=200,
+        help="WebRTC: audio queued on the track ahead of real time (a cancel drops it)",
+    )
     s.add_argument("--chunks", default="4,8,16,25", help="tokens per flow chunk, in order")
     s.add_argument(
         "--max-speech-s", type=float, default=60.0, help="ceiling on one segment's speech"
