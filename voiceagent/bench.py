@@ -23,6 +23,7 @@ from typing import Any
 
 import websockets
 
+from .engine.embedded import LMBackend
 from .engine.sglang_lm import SGLangLM
 from .model.speech_model import SpeechModel
 from .server.app import ServerConfig
@@ -110,7 +111,7 @@ def measure(
     turns: int,
     lead_ms: int,
     max_segment_tokens: int | None = None,
-    lm_factory: Callable[[], SGLangLM] | None = None,
+    lm_factory: Callable[[], LMBackend] | None = None,
 ) -> dict[str, Any]:
     """Streaming vs the whole-utterance baseline; with `lm_factory`, also streaming with
     that LM backend (SGLang) as mode `sglang`."""

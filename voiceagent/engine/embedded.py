@@ -3,12 +3,39 @@ acoustic worker thread over one model."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from ..model.checkpoint import SpeechModel
+from ..model.sampling import SamplingParams
+from ..model.speech_model import Voice
 from .acoustic import AcousticWorker
-from .lm_engine import EmbeddedLM
-from .sglang_lm import SGLangLM
+from .lm_engine import EmbeddedLM, TokenStream
+
+
+class LMBackend(Protocol):
+    """What a turn needs of the speech-token LM: the embedded decode thread
+    (`EmbeddedLM`) or an SGLang server (`SGLangLM`)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    @property
+    def load(self) -> int: ...
+
+    async def healthy(self) -> bool: ...
+
+    def generate(
+        self,
+        text_ids: list[int],
+        voice: Voice,
+        params: SamplingParams,
+        gen: torch.Generator,
+        min_len: int,
+        max_len: int,
+    ) -> TokenStream: ...
 
 
 class EmbeddedEngine:
@@ -17,17 +44,17 @@ class EmbeddedEngine:
         model: SpeechModel,
         max_batch: int = 16,
         threads: int | None = None,
-        lm: SGLangLM | None = None,
+        lm: LMBackend | None = None,
     ) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.model = model
-        self.lm: EmbeddedLM | SGLangLM = lm or EmbeddedLM(model, max_batch=max_batch)
+        self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch)
         self.name = "sglang" if lm is not None else "embedded"
         self.acoustic = AcousticWorker(model)
 
     async def ready(self) -> bool:
-        return await self.lm.healthy() if isinstance(self.lm, SGLangLM) else True
+        return await self.lm.healthy()
 
     def start(self) -> None:
         self.lm.start()

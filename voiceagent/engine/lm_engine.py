@@ -111,6 +111,9 @@ class EmbeddedLM:
     def load(self) -> int:
         return len(self._active) + len(self._waiting) + self._incoming.qsize()
 
+    async def healthy(self) -> bool:
+        return True  # in-process: ready once constructed
+
     def generate(
         self,
         text_ids: list[int],

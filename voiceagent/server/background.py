@@ -8,8 +8,7 @@ import time
 
 import uvicorn
 
-from ..engine.embedded import EmbeddedEngine
-from ..engine.sglang_lm import SGLangLM
+from ..engine.embedded import EmbeddedEngine, LMBackend
 from ..model.checkpoint import SpeechModel
 from .app import ServerConfig, VoiceServer, uvicorn_config
 
@@ -22,7 +21,7 @@ def free_port() -> int:
 
 class BackgroundServer:
     def __init__(
-        self, model: SpeechModel, config: ServerConfig, lm: SGLangLM | None = None
+        self, model: SpeechModel, config: ServerConfig, lm: LMBackend | None = None
     ) -> None:
         self.engine = EmbeddedEngine(model, lm=lm)
         self.voice_server = VoiceServer(self.engine, config)
