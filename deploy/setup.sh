@@ -11,9 +11,10 @@ extras=""
 
 sudo=""
 [[ "$(id -u)" != 0 ]] && sudo="sudo"
-# libopus0: opuslib's codec. Tests also speak real speech prompts with espeak-ng.
+# libopus0: opuslib's codec. Tests also speak real speech prompts with espeak-ng and
+# drive the demo page (web/) in Debian's chromium.
 packages=(libopus0)
-[[ -n "$extras" ]] && packages+=(espeak-ng)
+[[ -n "$extras" ]] && packages+=(espeak-ng chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -1,0 +1,289 @@
+"""The browser demo page (web/) end to end: a real server on 127.0.0.1 serves the page,
+headless Chromium (the system's `chromium`, driven by Playwright) loads it, connects over
+WebRTC or the WebSocket fallback, speaks, and plays the audio; the test reads what the
+page shows and its read-only debug handle `window.voiceagentDemo.state()`.
+
+`outputLevel` in that handle comes from an AnalyserNode on the page's real output path
+(WebSocket: the playback worklet's output; WebRTC: the remote stream), so "audio plays"
+means decoded, non-silent audio reached the output, not just that frames arrived."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playwright.sync_api import Page, sync_playwright
+from web_browser import (
+    START_SAMPLER,
+    STOP_SAMPLER,
+    chromium_path,
+    launch,
+    open_demo,
+    render_mic_wav,
+    speak,
+    state,
+    wait_turn,
+)
+
+from voiceagent.server.background import BackgroundServer
+
+pytestmark = pytest.mark.skipif(
+    chromium_path() is None, reason="chromium is not installed (apt-get install chromium)"
+)
+
+SHORT = "Hello there, how are you today?"
+LONG = "Let me read the whole list of terms and conditions to you, one by one. " * 4
+AUDIBLE = 0.005  # analyser RMS; digital silence reads 0, the tiny model's noise ~0.05
+HAS_ESPEAK = shutil.which("espeak-ng") is not None
+
+
+@pytest.fixture(scope="module")
+def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    if not HAS_ESPEAK:
+        return None
+    return render_mic_wav(tmp_path_factory.mktemp("mic") / "mic.wav")
+
+
+@pytest.fixture(scope="module")
+def browser(mic_wav: Path | None) -> Iterator[Any]:
+    with sync_playwright() as p:
+        b = launch(p, mic_wav)
+        yield b
+        b.close()
+
+
+class Demo:
+    """One page in a fresh browser context, with the page's uncaught errors collected."""
+
+    def __init__(self, page: Page, server: BackgroundServer) -> None:
+        self.page = page
+        self.server = server
+        self.page_errors: list[str] = []
+        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
+
+    def open(self, transport: str | None = None) -> dict[str, Any]:
+        open_demo(self.page, self.server.http, transport)
+        return state(self.page)
+
+    def state(self) -> dict[str, Any]:
+        return state(self.page)
+
+    def speak_sampled(
+        self, text: str, until: tuple[str, ...] = ("done",)
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Speak `text`, sample the page on every animation frame until the turn ends and
+        1 s more has passed; return (turn, samples)."""
+        self.page.evaluate(START_SAMPLER)
+        index = speak(self.page, text)
+        turn = wait_turn(self.page, index, until)
+        self.page.wait_for_timeout(1000)
+        samples = self.page.evaluate(STOP_SAMPLER)
+        return turn, samples
+
+
+@pytest.fixture
+def demo(browser: Any, server: BackgroundServer) -> Iterator[Demo]:
+    context = browser.new_context()
+    d = Demo(context.new_page(), server)
+    yield d
+    context.close()
+    assert not d.page_errors, f"uncaught errors in the page: {d.page_errors}"
+
+
+def audible(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in samples if s["out"] > AUDIBLE]
+
+
+# -- connecting and speaking -------------------------------------------------------------
+
+
+def check_speaks(demo: Demo, transport: str) -> None:
+    turn, samples = demo.speak_sampled(SHORT)
+    loud = audible(samples)
+    assert loud, f"no audio reached the output over {transport}"
+    assert max(s["out"] for s in samples) > 2 * AUDIBLE
+    # about as long as the turn's audio played (sent_ms), not a blip
+    heard_ms = loud[-1]["t"] - loud[0]["t"]
+    assert heard_ms > 0.6 * turn["sent_ms"], (heard_ms, turn["sent_ms"])
+    # time to first audio, measured in the page: speak sent -> first audio played
+    assert turn["ttfa_ms"] is not None and 0 < turn["ttfa_ms"] < 5000, turn
+    assert not turn["ttfa_estimated"], "the page had no playback-clock anchor for the turn"
+    readout = demo.page.inner_text("#ttfa")
+    assert readout.startswith(f"{turn['ttfa_ms']} ms"), readout
+    assert demo.state()["errors"] == []
+
+
+def test_connects_over_webrtc_by_default_and_plays_a_turn(demo: Demo) -> None:
+    s = demo.open()
+    assert s["transport"] == "WebRTC" and s["fallback"] is None
+    assert demo.page.inner_text("#transport") == "WebRTC"
+    assert demo.page.inner_text("#connection") == "connected"
+    check_speaks(demo, "WebRTC")
+
+
+def test_websocket_transport_plays_a_turn(demo: Demo) -> None:
+    s = demo.open("ws")
+    assert s["transport"] == "WebSocket"
+    assert demo.page.inner_text("#transport") == "WebSocket"
+    check_speaks(demo, "WebSocket")
+
+
+def test_falls_back_to_websocket_when_webrtc_fails(demo: Demo) -> None:
+    demo.page.route(
+        "**/v1/webrtc/offer",
+        lambda route: route.fulfill(
+            status=503,
+            content_type="application/json",
+            body='{"type":"error","code":"internal_error","message":"no WebRTC today"}',
+        ),
+    )
+    s = demo.open()
+    assert s["transport"] == "WebSocket" and "no WebRTC today" in s["fallback"]
+    assert demo.page.inner_text("#transport") == "WebSocket (fallback)"
+    assert "Using the WebSocket instead" in demo.page.inner_text("#errors")
+    turn = demo.speak_sampled(SHORT)[0]
+    assert turn["status"] == "done"
+
+
+def test_random_weights_notice_is_shown_for_the_tiny_model(demo: Demo) -> None:
+    s = demo.open("ws")
+    assert s["model"]["random_weights"] is True
+    notice = demo.page.locator("#model-notice")
+    assert notice.is_visible()
+    text = notice.inner_text()
+    assert "random weights" in text and "noise, not speech" in text and "--model" in text
+
+
+def test_type_like_an_llm_streams_small_deltas_then_ends_the_turn(demo: Demo) -> None:
+    demo.open("ws")
+    demo.page.check("#stream-mode")
+    turn = demo.speak_sampled(SHORT)[0]
+    assert turn["status"] == "done" and turn["sent_ms"] > 0
+    sent = [m for m in demo.state()["sent"] if m["type"] in ("speak", "text.delta", "text.end")]
+    kinds = [m["type"] for m in sent]
+    assert "speak" not in kinds
+    assert kinds[-1] == "text.end" and kinds.count("text.end") == 1
+    deltas = [m["t"] for m in sent if m["type"] == "text.delta"]
+    assert len(deltas) >= len(SHORT) // 6, kinds  # small pieces, not the whole text
+    gaps = sorted(b - a for a, b in itertools.pairwise(deltas))
+    assert 30 < gaps[len(gaps) // 2] < 120, gaps  # one about every 50 ms
+    assert turn["ttfa_ms"] is not None
+
+
+def test_server_errors_are_shown_in_plain_words(demo: Demo) -> None:
+    s = demo.open("ws")
+    demo.page.fill("#text", "x" * (s["limits"]["max_message_bytes"] + 10))
+    demo.page.click("#speak")
+    demo.page.wait_for_function("() => window.voiceagentDemo.state().errors.length > 0")
+    error = demo.state()["errors"][0]
+    assert error["code"] == "message_too_large"
+    shown = demo.page.inner_text("#errors")
+    assert "That text is too long to send in one message" in shown
+    assert f"server: {error['message']}" in shown  # the server's own words, under it
+    # the session goes on
+    assert demo.speak_sampled("Hi.")[0]["status"] == "done"
+
+
+# -- the avatar ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["ws", "webrtc"])
+def test_mouth_moves_while_audio_plays_and_rests_after(demo: Demo, transport: str) -> None:
+    demo.open(transport)
+    assert demo.state()["mouthOpen"] == 0
+    samples = demo.speak_sampled(SHORT)[1]
+    s = demo.state()
+    assert s["levelEvents"] > 0, "the server sent no audio.levels events"
+    if transport == "webrtc":
+        assert s["syncEvents"] > 0, "the server sent no audio.sync events"
+    mouth = [x["mouth"] for x in samples]
+    assert max(mouth) > 0.2, f"the mouth hardly opened: max {max(mouth):.3f}"
+    moving = [round(m, 2) for m in mouth if m > 0.05]
+    assert len(set(moving)) > 5, "the mouth opened but did not move"
+    # The mouth follows the audio as heard (levels released on the playback clock, not
+    # when they arrive, which is up to ~200 ms before the audio plays).
+    loud = audible(samples)
+    open_ = [x for x in samples if x["mouth"] > 0.05]
+    assert open_, "the mouth never opened"
+    assert abs(open_[0]["t"] - loud[0]["t"]) < 150, (open_[0]["t"], loud[0]["t"])
+    assert abs(open_[-1]["t"] - loud[-1]["t"]) < 200, (open_[-1]["t"], loud[-1]["t"])
+    # ...and rests, closed, a short while after the audio ended
+    after = [x["mouth"] for x in samples if x["t"] > loud[-1]["t"] + 400]
+    assert after and max(after) < 0.02, after[:10]
+    assert s["mouthOpen"] < 0.02
+
+
+def test_cancel_silences_the_turn_and_closes_the_mouth(demo: Demo) -> None:
+    demo.open("ws")
+    demo.page.evaluate(START_SAMPLER)
+    index = speak(demo.page, LONG)
+    demo.page.wait_for_function(
+        "() => window.voiceagentDemo.state().mouthOpen > 0.1", timeout=15000
+    )
+    demo.page.wait_for_timeout(500)
+    # when the click reaches the page (Playwright's click can take a while on a busy machine)
+    demo.page.evaluate(
+        "() => document.querySelector('#cancel').addEventListener("
+        "'click', () => { window.__cancelAt = performance.now(); })"
+    )
+    demo.page.click("#cancel")
+    turn = wait_turn(demo.page, index, ("cancelled",))
+    demo.page.wait_for_timeout(800)
+    samples = demo.page.evaluate(STOP_SAMPLER)
+    t_cancel = demo.page.evaluate("window.__cancelAt")
+    assert turn["reason"] == "cancel"
+    later = [x for x in samples if x["t"] > t_cancel + 300]
+    assert later, "no samples after the cancel"
+    assert max(x["out"] for x in later) < AUDIBLE, "audio kept playing after cancel"
+    assert max(x["mouth"] for x in later) < 0.02, "the mouth kept moving after cancel"
+    assert "cancelled" in demo.page.inner_text("#turns")
+
+
+# -- roles ---------------------------------------------------------------------------------
+
+
+def test_switching_role_changes_the_voice_of_the_next_turn(demo: Demo) -> None:
+    s = demo.open()
+    assert s["voices"] == ["agent", "narrator", "supervisor"]
+    options = demo.page.locator("#voice option").all_inner_texts()
+    assert options == s["voices"]
+    assert s["voice"] == "agent"
+    for voice in ["narrator", "supervisor", "agent"]:
+        demo.page.select_option("#voice", voice)
+        demo.page.wait_for_function(
+            "(v) => window.voiceagentDemo.state().events.includes('session.updated')"
+            " && window.voiceagentDemo.state().voice === v",
+            arg=voice,
+        )
+        turn = demo.speak_sampled("Hi.")[0]
+        assert turn["voice"] == voice, turn  # turn.started.voice
+        assert f"· {voice} ·" in demo.page.inner_text("#turns")
+    assert [t["voice"] for t in demo.state()["turns"]] == ["narrator", "supervisor", "agent"]
+
+
+# -- microphone and barge-in ---------------------------------------------------------------
+
+
+@pytest.mark.skipif(not HAS_ESPEAK, reason="espeak-ng is not installed (apt-get install espeak-ng)")
+@pytest.mark.parametrize("transport", ["webrtc", "ws"])
+def test_speaking_into_the_mic_interrupts_the_bot(demo: Demo, transport: str) -> None:
+    demo.open(transport)
+    demo.page.click("#mic")  # the fake mic: ~3 s of silence, then speech (looped)
+    demo.page.wait_for_function("() => window.voiceagentDemo.state().mic === true")
+    assert demo.page.get_attribute("#mic", "aria-pressed") == "true"
+    index = speak(demo.page, LONG)
+    turn = wait_turn(demo.page, index, ("cancelled", "done"), timeout_ms=20000)
+    assert turn["status"] == "cancelled" and turn["reason"] == "barge_in", turn
+    assert 0 < turn["played_ms"] <= turn["sent_ms"], turn
+    s = demo.state()
+    assert "speech_started" in s["events"]
+    assert s["events"].index("speech_started") < s["events"].index("turn.cancelled")
+    assert any("barge-in" in line for line in s["barge"])
+    assert "barge-in" in demo.page.inner_text("#barge")
+    demo.page.wait_for_function(
+        "() => window.voiceagentDemo.state().mouthOpen < 0.02", timeout=2000
+    )

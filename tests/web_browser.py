@@ -1,0 +1,128 @@
+"""Headless Chromium for the demo page (web/): launch flags, a fake microphone made of real
+espeak-ng speech, and small helpers to read the page's debug handle
+(`window.voiceagentDemo.state()`). Used by tests/test_web_page.py and
+tests/web_screenshot.py. No browser is downloaded: the system's `chromium` is used."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Flags for a quiet, hermetic headless Chromium that plays audio without a user gesture
+# and answers getUserMedia with a fake device reading a WAV file (looped).
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--autoplay-policy=no-user-gesture-required",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+]
+
+MIC_SENTENCE = "Wait, stop, I have a question about my order."
+
+
+def chromium_path() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def render_mic_wav(path: Path, text: str = MIC_SENTENCE, lead_silence_s: float = 3.0) -> Path:
+    """Real speech from espeak-ng after `lead_silence_s` of silence, as a WAV for
+    Chromium's fake capture device (which loops it): the bot gets to speak first."""
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
+    with wave.open(str(raw)) as w:
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    silence = np.zeros(int(rate * lead_silence_s), "<i2")
+    tail = np.zeros(int(rate * 1.0), "<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(np.concatenate([silence, pcm, tail]).tobytes())
+    raw.unlink()
+    return path
+
+
+def launch_args(mic_wav: Path | None) -> list[str]:
+    args = list(CHROMIUM_ARGS)
+    if mic_wav is not None:
+        args.append(f"--use-file-for-fake-audio-capture={mic_wav}")
+    return args
+
+
+def launch(playwright: Any, mic_wav: Path | None = None) -> Any:
+    exe = chromium_path()
+    if exe is None:
+        raise RuntimeError("chromium is not installed (apt-get install chromium)")
+    return playwright.chromium.launch(
+        executable_path=exe,
+        headless=True,
+        # Playwright adds --mute-audio: nothing reaches the speakers, but the page still
+        # renders its audio, and its analysers read it.
+        args=launch_args(mic_wav),
+    )
+
+
+def state(page: Any) -> dict[str, Any]:
+    return dict(page.evaluate("window.voiceagentDemo.state()"))
+
+
+def open_demo(
+    page: Any, base_url: str, transport: str | None = None, timeout_ms: int = 20000
+) -> None:
+    """Load the page and wait until its session has started."""
+    url = base_url + "/" + (f"?transport={transport}" if transport else "")
+    page.goto(url)
+    page.wait_for_function(
+        "() => window.voiceagentDemo && window.voiceagentDemo.state().sessionStarted",
+        timeout=timeout_ms,
+    )
+
+
+# Samples the debug handle on every animation frame (about 60 per second) into
+# window.__samples: time, mouth opening, output level and what plays.
+START_SAMPLER = """() => {
+  window.__samples = [];
+  const loop = (now) => {
+    const s = window.voiceagentDemo.state();
+    window.__samples.push({t: now, mouth: s.mouthOpen, out: s.outputLevel,
+                           turn: s.playing ? s.playing.turn : null});
+    window.__sampler = requestAnimationFrame(loop);
+  };
+  window.__sampler = requestAnimationFrame(loop);
+}"""
+
+STOP_SAMPLER = """() => { cancelAnimationFrame(window.__sampler); return window.__samples; }"""
+
+
+def speak(page: Any, text: str) -> int:
+    """Type `text` and press Speak; return the new turn's index in `state().turns`."""
+    index = len(state(page)["turns"])
+    page.fill("#text", text)
+    page.click("#speak")
+    return index
+
+
+def wait_turn(
+    page: Any, index: int, status: tuple[str, ...], timeout_ms: int = 30000
+) -> dict[str, Any]:
+    """Wait until turn number `index` (0-based, in the order the page sent them) has one
+    of `status` (e.g. done, cancelled); return it."""
+    page.wait_for_function(
+        "([i, want]) => { const t = window.voiceagentDemo.state().turns[i];"
+        " return t && want.includes(t.status); }",
+        arg=[index, list(status)],
+        timeout=timeout_ms,
+    )
+    return dict(state(page)["turns"][index])
