@@ -36,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .engine.embedded import EmbeddedEngine
     from .pipeline.turn import ChunkSchedule
     from .protocol.session import Limits
-    from .server.app import ServerConfig, VoiceServer, serve
+    from .server.app import DEFAULT_WEB_DIR, ServerConfig, VoiceServer, serve
     from .server.runner import PlayoutConfig
     from .server.webrtc import WebRtcConfig
 
@@ -66,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         voices_dir=voices_dir(args),
         webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // 20)),
+        web_dir=Path(args.web) if args.web else DEFAULT_WEB_DIR,
     )
     log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
     uvloop.run(serve(VoiceServer(engine, config), args.log_level))
@@ -226,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-batch", type=int, default=16, help="LM decode batch (KV slots)")
     s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda if present)")
     s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
+    s.add_argument("--web", help="the demo page folder served at / (default: the checkout's web/)")
     s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     s.add_argument("--engine", choices=["embedded", "sglang"], default="embedded")
     s.add_argument("--sglang-url", help="SGLang server, e.g. http://127.0.0.1:30000")

@@ -83,6 +83,8 @@ class VoiceServer:
         web = config.web_dir
         if web is not None and (web / "index.html").is_file():
             routes.append(Mount("/", StaticFiles(directory=web, html=True), name="web"))
+        elif web is not None:
+            log.info("no demo page at / (%s has no index.html; see serve --web)", web)
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
     @contextlib.asynccontextmanager
