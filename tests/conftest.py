@@ -41,9 +41,10 @@ def tiny_model(tiny_dir: Path) -> SpeechModel:
 def make_server(tiny_model: SpeechModel) -> Iterator[Callable[..., BackgroundServer]]:
     started: list[BackgroundServer] = []
 
-    def make(**overrides: Any) -> BackgroundServer:
+    def make(model: SpeechModel | None = None, **overrides: Any) -> BackgroundServer:
+        """A server on the shared tiny model, or on `model` (for a test that changes it)."""
         config = ServerConfig(port=free_port(), **overrides)
-        server = BackgroundServer(tiny_model, config).start()
+        server = BackgroundServer(model or tiny_model, config).start()
         started.append(server)
         return server
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import Client, connect, run
 
+from voiceagent.model import checkpoint
 from voiceagent.model.speech_model import Voice
 from voiceagent.model.voice_store import check_name, load_voice, load_voices, save_voice
 
@@ -46,9 +47,11 @@ def test_voice_names_are_safe_file_names(name):
         check_name(name)
 
 
-def test_a_running_server_picks_up_a_new_voice(make_server, tmp_path):
+def test_a_running_server_picks_up_a_new_voice(make_server, tiny_dir, tmp_path):
     voices = tmp_path / "voices"
-    server = make_server(voices_dir=voices, voices_rescan_s=0.1)
+    # its own copy of the model: the server adds the new voice to the model it serves
+    own = checkpoint.load(tiny_dir)
+    server = make_server(own, voices_dir=voices, voices_rescan_s=0.1)
     wrong = a_voice("wrong-size", spk_dim=5)
 
     async def go():
