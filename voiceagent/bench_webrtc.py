@@ -106,6 +106,7 @@ class Client:
     mic: MicTrack
     events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     heard: list[tuple[float, float]] = field(default_factory=list)  # (arrival, rms)
+    syncs: list[dict[str, Any]] = field(default_factory=list)  # audio.sync events
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def event(self, kind: str, timeout: float) -> dict[str, Any]:
@@ -121,7 +122,14 @@ class Client:
 async def connect(base: str, mic: MicTrack, prefetch: int) -> Client:
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     client = Client(pc, pc.createDataChannel("control"), mic)
-    client.channel.on("message", lambda m: client.events.put_nowait(json.loads(m)))
+
+    @client.channel.on("message")
+    def on_message(message: str) -> None:
+        event = json.loads(message)
+        if event["type"] == "audio.sync":
+            client.syncs.append(event)
+        client.events.put_nowait(event)
+
     pc.addTransceiver(mic, direction="sendrecv")
 
     async def listen(track: MediaStreamTrack) -> None:
@@ -154,6 +162,7 @@ async def connect(base: str, mic: MicTrack, prefetch: int) -> Client:
 @dataclass
 class SessionResult:
     underrun_frames: int  # silent frames inside the turn's audio, before the barge-in
+    server_gaps: int  # audio.sync events inside the turn: the server's track ran dry
     bargein_ms: float | None  # None: the turn was not cut off
 
 
@@ -202,7 +211,8 @@ async def one_session(base: str, index: int, opts: Options) -> SessionResult:
             None,
         )
         latency = None if cut is None else (times[cut] - onset) * 1000
-        return SessionResult(underruns, latency)
+        gaps = sum(e["offset_ms"] > 0 for e in client.syncs)
+        return SessionResult(underruns, gaps, latency)
     finally:
         for task in client.tasks:
             task.cancel()
@@ -227,9 +237,11 @@ async def level(base: str, pid: int, sessions: int, opts: Options) -> dict[str, 
     cpu, wall = cpu_seconds(pid) - cpu0, time.monotonic() - t0
     latencies = [r.bargein_ms for r in results if r.bargein_ms is not None]
     underruns = sum(r.underrun_frames for r in results)
+    gaps = sum(r.server_gaps for r in results)
     return {
         "sessions": sessions,
         "underrun_frames": underruns,
+        "server_gaps": gaps,
         "bargeins": len(latencies),
         "realtime": underruns == 0 and len(latencies) == sessions,
         "bargein_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
@@ -295,6 +307,7 @@ def table(report: dict[str, Any]) -> str:
         "sessions",
         "realtime",
         "underrun_frames",
+        "server_gaps",
         "bargein_ms_p50",
         "bargein_ms_p95",
         "server_cpu_pct_per_session",

@@ -61,7 +61,9 @@ class VoiceActivity:
         self.hangover_ms = hangover_ms
         self.onset_window_ms = window_ms
         self._vad = webrtcvad.Vad(aggressiveness)
-        self._resampler = StreamResampler(sample_rate, VAD_RATE)
+        # Quick quality: no look-ahead (HQ holds back ~20 ms, which is barge-in latency),
+        # and the detector does not care about the slight aliasing.
+        self._resampler = StreamResampler(sample_rate, VAD_RATE, quality="QQ")
         self._frame_len = VAD_RATE * frame_ms // 1000
         self._pending = np.zeros(0, dtype=np.float32)
         self._frames = 0  # frames classified so far: frame k covers [k, k+1) * frame_ms
