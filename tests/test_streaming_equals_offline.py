@@ -151,3 +151,40 @@ def test_a_segment_never_speaks_past_the_ceiling(tiny_model):
     finally:
         engine.stop()
     assert len(turn.tokens) == 6
+
+
+def test_a_turn_synthesizes_only_a_bounded_lead_ahead_of_its_consumer(tiny_model):
+    """With `max_output_frames`, a turn nobody reads stops after that much audio (the
+    acoustic work waits); read out, it is the same audio as without the bound."""
+    engine = EmbeddedEngine(tiny_model)
+    engine.start()
+    text = "A long answer that goes on and on. " * 3
+
+    async def go(bound: int, stall_s: float) -> tuple[Turn, int, int]:
+        settings = TurnSettings(
+            tiny_model.voices["agent"], SamplingParams(seed=2), 1.0, OutputFormat("pcm16", 24000)
+        )
+        turn = Turn("t", settings, engine, record_pcm=True, max_output_frames=bound)
+        turn.start()
+        turn.push_text(text)
+        turn.end_text()
+        await asyncio.sleep(stall_s)  # the consumer is not reading
+        queued, chunks = turn.output.qsize(), turn.stats.chunks
+        while await turn.output.get() is not None:
+            pass
+        return turn, queued, chunks
+
+    try:
+        bounded, queued, stalled_chunks = asyncio.run(go(bound=25, stall_s=1.5))
+        free, _, _ = asyncio.run(go(bound=0, stall_s=0))
+    finally:
+        engine.stop()
+    assert queued == 25  # waiting at the bound (500 ms of audio)
+    assert stalled_chunks < bounded.stats.chunks  # most of the work came after reading
+    assert bounded.tokens == free.tokens
+    pa, pb = np.concatenate(bounded.pcm or []), np.concatenate(free.pcm or [])
+    assert pa.shape == pb.shape and np.abs(pa - pb).max() < TOL
+    # the wait at the bound is not counted as work in the real-time factor
+    audio_s = bounded.stats.audio_ms / 1000
+    assert bounded.stats.held_s > 1.0 and bounded.stats.rtf is not None
+    assert free.stats.rtf is not None and bounded.stats.rtf < free.stats.rtf + 0.5 / audio_s

@@ -168,7 +168,9 @@ def run_bench(args: argparse.Namespace) -> int:
         from . import bench_webrtc
 
         levels = [int(x) for x in (args.sessions or "1,2,4,8,12,16").split(",")]
-        opts = bench_webrtc.Options(client_prefetch=args.client_prefetch)
+        opts = bench_webrtc.Options(
+            client_prefetch=args.client_prefetch, max_ahead_ms=args.max_ahead_ms
+        )
         report = bench_webrtc.measure(args.model, levels, opts, args.max_speech_s or 3.0)
         text = bench_webrtc.table(report)
     else:

@@ -172,6 +172,7 @@ class Options:
     # Frames the client's jitter buffer holds: aiortc's default is 4 (80 ms); a browser
     # on loopback adapts down to about one.
     client_prefetch: int = 1
+    max_ahead_ms: int = 5000  # the server's --max-ahead-ms
 
 
 async def one_session(base: str, index: int, opts: Options) -> SessionResult:
@@ -250,9 +251,12 @@ async def level(base: str, pid: int, sessions: int, opts: Options) -> dict[str, 
     }
 
 
-def start_server(model: str | None, port: int, max_speech_s: float) -> subprocess.Popen[bytes]:
+def start_server(
+    model: str | None, port: int, max_speech_s: float, max_ahead_ms: int
+) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "voiceagent.cli", "--log-level", "warning", "serve"]
     cmd += ["--port", str(port), "--max-speech-s", str(max_speech_s)]
+    cmd += ["--max-ahead-ms", str(max_ahead_ms)]
     if model:
         cmd += ["--model", model]
     proc = subprocess.Popen(cmd)
@@ -273,7 +277,7 @@ def measure(
 ) -> dict[str, Any]:
     """Ramp through `levels` until one is not real time; report the last one that was."""
     port = free_port()
-    proc = start_server(model, port, max_speech_s)
+    proc = start_server(model, port, max_speech_s, opts.max_ahead_ms)
     base = f"http://127.0.0.1:{port}"
     runs: list[dict[str, Any]] = []
     try:

@@ -63,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
             lead_ms=args.lead_ms,
             schedule=ChunkSchedule(tuple(int(x) for x in args.chunks.split(","))),
             max_segment_tokens=int(args.max_speech_s * 25),
+            max_ahead_ms=args.max_ahead_ms,
         ),
         voices_dir=voices_dir(args),
         webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // 20)),
@@ -215,6 +216,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-text-chars", type=int, default=20_000, help="per turn")
     s.add_argument("--lead-ms", type=int, default=200, help="audio sent ahead of real time")
     s.add_argument(
+        "--max-ahead-ms",
+        type=int,
+        default=5000,
+        help="audio a turn may synthesize ahead of sending (0: no bound)",
+    )
+    s.add_argument(
         "--webrtc-buffer-ms",
         type=int,
         default=200,
@@ -274,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="webrtc: frames the client's jitter buffer holds (aiortc's default: 4)",
     )
+    s.add_argument("--max-ahead-ms", type=int, default=5000, help="webrtc: as in serve")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 

@@ -67,6 +67,8 @@ class TurnStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens the LM server found in its prefix cache
     chunks: int = 0
+    # time spent waiting for the consumer (output bound reached) before last_audio
+    held_s: float = 0.0
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -80,7 +82,8 @@ class TurnStats:
     def rtf(self) -> float | None:
         if self.synth_start is None or self.last_audio is None or not self.audio_samples:
             return None
-        return (self.last_audio - self.synth_start) / (self.audio_ms / 1000)
+        busy = self.last_audio - self.synth_start - self.held_s
+        return busy / (self.audio_ms / 1000)
 
 
 class TurnFailed(Exception):
@@ -105,7 +108,11 @@ class Turn:
         streaming: bool = True,
         record_pcm: bool = False,
         max_segment_tokens: int | None = None,
+        max_output_frames: int = 0,
     ) -> None:
+        """`max_output_frames`: frames made ahead of the consumer at most (0: no bound).
+        The acoustic work waits beyond it, so a turn cut short by a cancel or barge-in has
+        not spent compute on audio nobody hears, and other turns get the worker sooner."""
         self.id = turn_id
         self.settings = settings
         self.engine = engine
@@ -113,7 +120,7 @@ class Turn:
         self.streaming = streaming
         self.max_segment_tokens = max_segment_tokens  # a ceiling on any segment's speech
         self.stats = TurnStats()
-        self.output: asyncio.Queue[OutputItem] = asyncio.Queue()
+        self.output: asyncio.Queue[OutputItem] = asyncio.Queue(max_output_frames)
         self.tokens: list[int] = []
         self.pcm: list[np.ndarray] | None = [] if record_pcm else None
         self._segmenter = Segmenter(segmenter)
@@ -123,6 +130,7 @@ class Turn:
         self._lm: TokenStream | None = None
         self._acoustic: AcousticStream | None = None
         self.encoder: FrameEncoder | None = None  # set when the turn starts running
+        self._held = 0.0  # seconds waited on the output bound so far
         self._task: asyncio.Task[None] | None = None
 
     # -- input ----------------------------------------------------------------------------
@@ -179,15 +187,15 @@ class Turn:
                 await self._run_streaming()
             else:
                 await self._run_whole()
-            self.output.put_nowait(None)
+            await self.output.put(None)
         except asyncio.CancelledError:
             raise
         except EngineUnavailable as exc:
             log.warning("turn %s: %s", self.id, exc)
-            self.output.put_nowait(TurnFailed("engine_unavailable", str(exc)))
+            await self.output.put(TurnFailed("engine_unavailable", str(exc)))
         except Exception as exc:
             log.exception("turn %s failed", self.id)
-            self.output.put_nowait(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
+            await self.output.put(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
 
     async def _tokens_of(self, segment: str) -> TokenStream:
         text_ids = self.engine.model.tokenizer.encode(normalize(segment, self.settings.language))
@@ -245,5 +253,11 @@ class Turn:
             now = time.monotonic()
             self.stats.first_audio = self.stats.first_audio or now
             self.stats.last_audio = now
+            self.stats.held_s = self._held
         for frame in result.frames:
-            self.output.put_nowait(frame)
+            if self.output.full():  # ahead of the consumer by the bound: wait for it
+                held = time.monotonic()
+                await self.output.put(frame)
+                self._held += time.monotonic() - held
+            else:
+                self.output.put_nowait(frame)

@@ -46,6 +46,9 @@ class PlayoutConfig:
     streaming: bool = True  # False: the naive whole-utterance baseline (benchmarks)
     schedule: ChunkSchedule = field(default_factory=ChunkSchedule)
     max_segment_tokens: int | None = None  # speech tokens (25 per second) per segment
+    # Audio a turn may synthesize ahead of sending (0: unbounded). Beyond it the turn's
+    # flow/vocoder work waits, so a barge-in wastes at most this much.
+    max_ahead_ms: int = 5000
 
 
 class SessionRunner:
@@ -104,6 +107,7 @@ class SessionRunner:
                     schedule=self.playout.schedule,
                     streaming=self.playout.streaming,
                     max_segment_tokens=self.playout.max_segment_tokens,
+                    max_output_frames=self.playout.max_ahead_ms // FRAME_MS,
                 )
                 turn.start()
                 self._turns[action.num] = turn
