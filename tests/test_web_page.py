@@ -289,3 +289,22 @@ def test_speaking_into_the_mic_interrupts_the_bot(demo: Demo, transport: str) ->
     demo.page.wait_for_function(
         "() => window.voiceagentDemo.state().mouthOpen < 0.02", timeout=2000
     )
+
+
+@pytest.mark.skipif(not HAS_ESPEAK, reason="espeak-ng is not installed (apt-get install espeak-ng)")
+def test_in_duck_mode_speaking_lowers_the_bot_and_the_turn_plays_on(demo: Demo) -> None:
+    demo.open("webrtc")
+    demo.page.select_option("#barge-mode", "duck")
+    demo.page.click("#mic")
+    demo.page.wait_for_function("() => window.voiceagentDemo.state().mic === true")
+    index = speak(demo.page, LONG)
+    demo.page.wait_for_function(
+        "() => window.voiceagentDemo.state().events.includes('audio.ducked')", timeout=20000
+    )
+    s = demo.state()
+    assert s["bargeMode"] == "duck"
+    assert s["events"].index("speech_started") < s["events"].index("audio.ducked")
+    assert "turn.cancelled" not in s["events"]
+    assert "ducked" in demo.page.inner_text("#barge")
+    turn = s["turns"][index]
+    assert turn["status"] in ("playing", "done"), turn  # not cancelled

@@ -51,6 +51,7 @@ const ui = {
   speak: $("speak"),
   cancel: $("cancel"),
   mic: $("mic"),
+  bargeMode: $("barge-mode"),
   ttfa: $("ttfa"),
   buffered: $("buffered"),
   lipsync: $("lipsync"),
@@ -101,7 +102,7 @@ function setConnection(state) {
   ui.connection.dataset.state = state;
   ui.reconnect.hidden = !["closed", "failed", "disconnected"].includes(state);
   const ready = state === "connected" && page.session !== null;
-  for (const el of [ui.speak, ui.cancel, ui.mic, ui.voice]) el.disabled = !ready;
+  for (const el of [ui.speak, ui.cancel, ui.mic, ui.voice, ui.bargeMode]) el.disabled = !ready;
 }
 
 function setTransportLabel() {
@@ -259,7 +260,7 @@ function onEvent(e) {
     case "speech_stopped":
       addBarge(`speech stopped (mic at ${(e.t_ms / 1000).toFixed(2)} s)`);
       break;
-    case "audio.ducked": // only with barge_in.mode "duck", which this page does not set
+    case "audio.ducked": // barge_in.mode "duck": the person talks, the bot goes quiet
       addBarge(`the bot's voice is ducked to gain ${e.gain}`);
       break;
     case "audio.unducked":
@@ -403,7 +404,7 @@ async function toggleMic() {
   ui.mic.disabled = true;
   try {
     await t.resume();
-    await t.setMic(on);
+    await t.setMic(on, ui.bargeMode.value);
     page.mic = on;
   } catch (err) {
     addError(`The microphone could not be ${on ? "opened" : "closed"}: ${err.message}.`);
@@ -536,6 +537,7 @@ window.voiceagentDemo = Object.freeze({
         voices: page.voices,
         voice: page.voice,
         mic: page.mic,
+        bargeMode: ui.bargeMode.value,
         model: page.session ? page.session.model : null,
         limits: page.session ? page.session.limits : null,
         randomWeightsNotice: !ui.modelNotice.hidden,
@@ -569,6 +571,12 @@ ui.mic.addEventListener("click", toggleMic);
 ui.voice.addEventListener("change", () => {
   page.voice = ui.voice.value;
   if (page.transport) page.transport.send({ type: "session.update", voice: page.voice });
+});
+ui.bargeMode.addEventListener("change", () => {
+  // only while the microphone is on: with it off, barge-in is off
+  if (page.mic && page.transport) {
+    page.transport.send({ type: "session.update", barge_in: { mode: ui.bargeMode.value } });
+  }
 });
 ui.transportSelect.addEventListener("change", () => chooseTransport(ui.transportSelect.value));
 ui.reconnect.addEventListener("click", () => chooseTransport(ui.transportSelect.value));

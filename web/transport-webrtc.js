@@ -168,7 +168,9 @@ export class RtcTransport {
     // jitter buffer plays out. Nothing to flush here.
   }
 
-  async setMic(on) {
+  /** Microphone on or off; while on, the person's speech barges in with `mode`
+   *  (barge_in.mode: "cancel" or "duck"). */
+  async setMic(on, mode = "cancel") {
     if (on && !this.mic) {
       if (!navigator.mediaDevices) throw new Error("this page cannot reach a microphone (not a secure context)");
       const stream = await navigator.mediaDevices.getUserMedia({
@@ -181,7 +183,7 @@ export class RtcTransport {
       this.micAnalyser.fftSize = 1024;
       source.connect(this.micAnalyser);
       this.mic = { stream, track, source };
-      this.send({ type: "session.update", barge_in: { mode: "cancel" } });
+      this.send({ type: "session.update", barge_in: { mode } });
     } else if (!on && this.mic) {
       await this.stopMic();
       this.send({ type: "session.update", barge_in: { mode: "off" } });

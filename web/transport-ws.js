@@ -209,7 +209,9 @@ export class WsTransport {
     }
   }
 
-  async setMic(on) {
+  /** Microphone on or off; while on, the person's speech barges in with `mode`
+   *  (barge_in.mode: "cancel" or "duck"). */
+  async setMic(on, mode = "cancel") {
     if (on && !this.mic) {
       if (!navigator.mediaDevices) throw new Error("this page cannot reach a microphone (not a secure context)");
       const stream = await navigator.mediaDevices.getUserMedia({
@@ -229,7 +231,7 @@ export class WsTransport {
       source.connect(node);
       node.connect(ctx.destination); // writes silence; being connected keeps it running
       // The server must expect microphone audio before the first binary message.
-      this.send({ type: "session.update", input: { sample_rate: MIC_RATE }, barge_in: { mode: "cancel" } });
+      this.send({ type: "session.update", input: { sample_rate: MIC_RATE }, barge_in: { mode } });
       node.port.onmessage = (e) => {
         if (this.ws && this.ws.readyState === WebSocket.OPEN) {
           this.ws.send(e.data.pcm);
