@@ -155,10 +155,12 @@ def test_a_segment_never_speaks_past_the_ceiling(tiny_model):
 
 def test_a_turn_synthesizes_only_a_bounded_lead_ahead_of_its_consumer(tiny_model):
     """With `max_output_frames`, a turn nobody reads stops after that much audio (the
-    acoustic work waits); read out, it is the same audio as without the bound."""
+    acoustic work waits, and its LM request sits out once its unread tokens pile up);
+    read out, it is the same audio as without the bound."""
     engine = EmbeddedEngine(tiny_model)
     engine.start()
-    text = "A long answer that goes on and on. " * 3
+    text = "A long answer that goes on and on and on. " * 3
+    lm_while_stalled: list[tuple[int, int]] = []  # (live requests, decode steps)
 
     async def go(bound: int, stall_s: float) -> tuple[Turn, int, int]:
         settings = TurnSettings(
@@ -169,6 +171,9 @@ def test_a_turn_synthesizes_only_a_bounded_lead_ahead_of_its_consumer(tiny_model
         turn.push_text(text)
         turn.end_text()
         await asyncio.sleep(stall_s)  # the consumer is not reading
+        steps = engine.lm.steps
+        await asyncio.sleep(stall_s / 3)
+        lm_while_stalled.append((engine.lm.load, engine.lm.steps - steps))
         queued, chunks = turn.output.qsize(), turn.stats.chunks
         while await turn.output.get() is not None:
             pass
@@ -180,6 +185,8 @@ def test_a_turn_synthesizes_only_a_bounded_lead_ahead_of_its_consumer(tiny_model
     finally:
         engine.stop()
     assert queued == 25  # waiting at the bound (500 ms of audio)
+    # and the LM request, not finished, sits out its decode steps
+    assert lm_while_stalled[0] == (1, 0)
     assert stalled_chunks < bounded.stats.chunks  # most of the work came after reading
     assert bounded.tokens == free.tokens
     pa, pb = np.concatenate(bounded.pcm or []), np.concatenate(free.pcm or [])

@@ -1,8 +1,11 @@
 """Embedded LM engine: one thread decodes the speech tokens of all live turns.
 
 Every iteration admits new requests (prefill, one at a time) and then runs a single
-batched decode step over all active requests (continuous batching). Each request owns
-a KV slot and a seeded generator, so its tokens do not depend on its batch mates.
+batched decode step over the active requests (continuous batching). A request whose turn
+has stopped reading (it is far enough ahead of playback) sits out the steps, unless
+other requests are waiting for a KV slot; then it runs to its end and frees its slot.
+Each request owns a KV slot and a seeded generator, so its tokens do not depend on its
+batch mates (nor on when it sat out).
 Tokens reach the asyncio side through `TokenStream`, an async iterator.
 """
 
@@ -43,9 +46,18 @@ class TokenStream:
         self._done = False
         self.prompt_tokens = 0
         self.cached_tokens = 0
+        self.fed = 0  # tokens produced (written by the engine thread only)
+        self.taken = 0  # tokens the turn has read (written by the event loop only)
+
+    @property
+    def backlog(self) -> int:
+        """Tokens produced that the turn has not read yet."""
+        return self.fed - self.taken
 
     # called from the engine thread
     def feed(self, item: list[int] | BaseException | None) -> None:
+        if isinstance(item, list):
+            self.fed += len(item)
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
     def __aiter__(self) -> TokenStream:
@@ -61,6 +73,7 @@ class TokenStream:
         if isinstance(item, BaseException):
             self._done = True
             raise item
+        self.taken += len(item)
         return item
 
     def cancel(self) -> None:
@@ -84,9 +97,23 @@ class _Request:
     cancelled: bool = False
 
 
+# While nobody waits for a KV slot, a request whose turn has this many tokens unread
+# (2 s of speech: the turn is waiting on its output bound) sits out decode steps.
+MAX_BACKLOG = 50
+PAUSED_POLL_S = 0.005  # how often the thread looks again when every request sits out
+
+
 class EmbeddedLM:
-    def __init__(self, model: SpeechModel, max_batch: int = 16, max_len: int = 2048) -> None:
+    def __init__(
+        self,
+        model: SpeechModel,
+        max_batch: int = 16,
+        max_len: int = 2048,
+        max_backlog: int = MAX_BACKLOG,
+    ) -> None:
         self.model = model
+        self.max_backlog = max_backlog
+        self._all_paused = False
         self.max_batch = max_batch
         self.max_len = max_len
         self._pool = KVPool(model.lm.cfg, max_batch, max_len, model.device)
@@ -145,9 +172,12 @@ class EmbeddedLM:
         torch.set_grad_enabled(False)
         while True:
             block = not self._active and not self._waiting
+            timeout = None
+            if self._all_paused:  # nothing to decode now: look again shortly, no spinning
+                block, timeout = True, PAUSED_POLL_S
             try:
                 while True:
-                    item = self._incoming.get(block=block, timeout=None)
+                    item = self._incoming.get(block=block, timeout=timeout)
                     block = False
                     if item is None:
                         self._fail_all(EngineError("engine stopped"))
@@ -178,9 +208,12 @@ class EmbeddedLM:
 
     def _step(self) -> None:
         self._release(lambda r: r.cancelled)
-        if not self._active:
-            return
         reqs = list(self._active)
+        if not self._waiting:  # slots are not scarce: far-ahead requests may sit out
+            reqs = [r for r in reqs if r.stream.backlog < self.max_backlog]
+        self._all_paused = bool(self._active) and not reqs
+        if not reqs:
+            return
         tokens = self._ids([r.produced[-1] for r in reqs])
         slots = self._ids([r.slot for r in reqs])
         start = self._ids([r.length for r in reqs])
