@@ -156,3 +156,15 @@ def test_webrtc_bench_reports_real_time_sessions_and_barge_in_latency(tiny_dir):
     # VAD onset (60 ms) + a frame each way at least; far below a second on loopback
     assert 80 < report["bargein_ms_p50"] <= report["bargein_ms_p95"] < 1000
     assert 0 < report["server_cpu_pct_per_session"] < 200
+
+
+@pytest.mark.timeout(300)
+def test_cutoff_bench_shows_the_bounds_save_work_on_a_cut_off_turn(tiny_dir):
+    args = ["bench", "--scenario", "cutoff", "--model", str(tiny_dir), "--json"]
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(proc.stdout)
+    free, bounded = report["unbounded"], report["output_bound_and_lm_pause"]
+    # without bounds the turn races far past the 3 s heard; with them it stops near 5 s ahead
+    assert free["audio_made_s"] > bounded["audio_made_s"]
+    assert bounded["audio_made_s"] <= 3 + 5 + 1
+    assert free["lm_steps"] > bounded["lm_steps"]

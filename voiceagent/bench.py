@@ -164,6 +164,12 @@ def run_bench(args: argparse.Namespace) -> int:
             f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
             for mode in ("linear", "recompute")
         )
+    elif args.scenario == "cutoff":
+        from . import bench_cutoff
+
+        model = load_model(args.model, args.device)
+        report = bench_cutoff.measure(model, max_ahead_ms=args.max_ahead_ms)
+        text = bench_cutoff.table(report)
     elif args.scenario == "webrtc":
         from . import bench_webrtc
 

@@ -261,10 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="TTFA and RTF over real WebSocket, streaming vs baseline")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "chunk-cost"],
+        choices=["ws", "webrtc", "cutoff", "chunk-cost"],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
-        "over WebRTC; chunk-cost: flow+vocoder time of chunk 1 vs 20",
+        "over WebRTC; cutoff: work spent on a turn a barge-in cuts off; chunk-cost: "
+        "flow+vocoder time of chunk 1 vs 20",
     )
     s.add_argument("--model")
     s.add_argument("--sessions", help="concurrency levels (ws: 1,8; webrtc: 1,2,4,8,12,16)")
@@ -281,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="webrtc: frames the client's jitter buffer holds (aiortc's default: 4)",
     )
-    s.add_argument("--max-ahead-ms", type=int, default=5000, help="webrtc: as in serve")
+    s.add_argument("--max-ahead-ms", type=int, default=5000, help="webrtc, cutoff: as in serve")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 

@@ -50,7 +50,7 @@ class EmbeddedEngine:
             torch.set_num_threads(threads)
         self.model = model
         self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch)
-        self.name = "sglang" if lm is not None else "embedded"
+        self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
         self.acoustic = AcousticWorker(model)
 
     async def ready(self) -> bool:
