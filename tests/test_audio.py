@@ -1,4 +1,4 @@
-"""Specification tests for voiceagent.audio: resampling, frame encoders, Ogg/WAV output."""
+"""Specification tests for voiceagent.audio: resampling, framing, codecs, Ogg/WAV output."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ import numpy as np
 import opuslib
 import pytest
 
-from voiceagent.audio.encoders import (
-    SOURCE_RATE,
-    FrameEncoder,
+from voiceagent.audio.codecs import (
+    Encoder,
     MulawEncoder,
     OpusEncoder,
     Pcm16Encoder,
@@ -27,6 +26,8 @@ from voiceagent.audio.encoders import (
     mulaw_decode,
     mulaw_encode,
 )
+from voiceagent.audio.format import MODEL_RATE as SOURCE_RATE
+from voiceagent.audio.framing import Framer
 from voiceagent.audio.levels import loudness
 from voiceagent.audio.ogg import OggOpusWriter
 from voiceagent.audio.resample import StreamResampler
@@ -49,11 +50,20 @@ def chunks(x: np.ndarray, sizes: tuple[int, ...] = IRREGULAR) -> Iterator[np.nda
         pos += size
 
 
-def encode_all(enc: FrameEncoder, x: np.ndarray, chunked: bool = True) -> list[bytes]:
-    frames: list[bytes] = []
+def framer_for(enc: Encoder) -> Framer:
+    return Framer(enc.sample_rate, enc.tail_samples)
+
+
+def encode_all(
+    enc: Encoder, x: np.ndarray, chunked: bool = True, framer: Framer | None = None
+) -> list[bytes]:
+    """Frame `x` (in irregular chunks, or whole) and encode every frame, as a turn and its
+    sender do."""
+    framer = framer or framer_for(enc)
+    frames = []
     for c in chunks(x) if chunked else [x]:
-        frames += enc.encode(c)
-    return frames + enc.flush()
+        frames += framer.frames(c)
+    return [enc.encode(f) for f in frames + framer.flush()]
 
 
 def dominant_freq(x: np.ndarray, rate: int) -> float:
@@ -119,17 +129,18 @@ def test_resampler_rejects_non_mono() -> None:
 def test_opus_one_second_sine_frames_decode_to_a_440hz_sine() -> None:
     x = sine(440, SOURCE_RATE, 1.0)
     enc = OpusEncoder()
-    assert (enc.codec, enc.sample_rate, enc.frame_samples) == ("opus", 48000, 960)
+    framer = framer_for(enc)
+    assert (enc.codec, enc.sample_rate, framer.frame_samples) == ("opus", 48000, 960)
     # libopus' 48 kHz lookahead (2.5 ms window + 4 ms delay compensation).
-    assert enc.lookahead_samples == 312
+    assert enc.tail_samples == 312
 
-    packets = encode_all(enc, x)
+    packets = encode_all(enc, x, framer=framer)
 
     # flush pushes lookahead zeros so the decoder releases all real audio,
     # then pads to a whole frame: ceil((48000 + 312) / 960) = 51.
     n48 = x.size * 2
-    assert enc.samples_out == n48
-    assert len(packets) == math.ceil((n48 + enc.lookahead_samples) / 960) == 51
+    assert framer.samples_out == n48
+    assert len(packets) == math.ceil((n48 + enc.tail_samples) / 960) == 51
 
     dec = opuslib.Decoder(48000, 1)
     pcm = []
@@ -138,7 +149,7 @@ def test_opus_one_second_sine_frames_decode_to_a_440hz_sine() -> None:
         assert out.size == 960
         pcm.append(out)
     decoded = np.concatenate(pcm).astype(np.float32) / 32768
-    decoded = decoded[enc.lookahead_samples : enc.lookahead_samples + n48]  # drop codec delay
+    decoded = decoded[enc.tail_samples : enc.tail_samples + n48]  # drop codec delay
 
     ref = sine(440, 48000, 1.0)
     assert decoded.size == ref.size
@@ -154,14 +165,20 @@ def test_opus_chunking_gives_byte_identical_packets() -> None:
     assert chunked == whole
 
 
-def test_opus_encode_returns_only_whole_frames_and_flush_is_idempotent() -> None:
-    enc = OpusEncoder()
-    assert enc.encode(np.zeros(0, dtype=np.float32)) == []
-    assert enc.flush() == []  # nothing was fed
+def test_framing_returns_only_whole_frames_and_flush_is_idempotent() -> None:
+    framer = framer_for(OpusEncoder())
+    assert framer.frames(np.zeros(0, dtype=np.float32)) == []
+    assert framer.flush() == []  # nothing was fed
     # 5 ms of input cannot make a 20 ms frame yet.
-    assert enc.encode(sine(440, SOURCE_RATE, 0.005)) == []
-    assert len(enc.flush()) == 1
-    assert enc.flush() == []
+    assert framer.frames(sine(440, SOURCE_RATE, 0.005)) == []
+    assert len(framer.flush()) == 1
+    assert framer.flush() == []
+
+
+def test_gain_scales_a_frame_at_encoding() -> None:
+    enc = Pcm16Encoder()
+    frame = np.full(480, 0.5, np.float32)
+    assert np.frombuffer(enc.encode(frame, gain=0.25), "<i2").tolist() == [4096] * 480
 
 
 def test_opus_clips_out_of_range_input_instead_of_wrapping() -> None:
@@ -169,7 +186,7 @@ def test_opus_clips_out_of_range_input_instead_of_wrapping() -> None:
     packets = encode_all(enc, sine(440, SOURCE_RATE, 0.5, amp=3.0))
     dec = opuslib.Decoder(48000, 1)
     y = np.concatenate([np.frombuffer(dec.decode(p, 960), np.int16) for p in packets])
-    y = y[enc.lookahead_samples : enc.lookahead_samples + 24000].astype(np.float32) / 32768
+    y = y[enc.tail_samples : enc.tail_samples + 24000].astype(np.float32) / 32768
     # Clipping yields a near-square 440 Hz wave; int16 wrap-around would be noise.
     ref = np.clip(sine(440, 48000, 0.5, amp=3.0), -1, 1)
     assert correlation(y[960:], ref[960:]) > 0.95
@@ -253,7 +270,7 @@ def test_make_encoder_builds_each_codec() -> None:
     assert isinstance(make_encoder("opus", bitrate=24000), OpusEncoder)
     assert make_encoder("opus").sample_rate == 48000
     assert make_encoder("pcm16").sample_rate == 24000
-    assert make_encoder("pcm16", sample_rate=8000).frame_samples == 160
+    assert make_encoder("pcm16", sample_rate=8000).sample_rate == 8000
     assert isinstance(make_encoder("mulaw"), MulawEncoder)
 
 
@@ -262,8 +279,8 @@ def test_make_encoder_builds_each_codec() -> None:
     [
         ("mp3", {}, "unknown codec 'mp3'"),
         ("pcm16", {"sample_rate": 44100}, "pcm16 sample_rate"),
-        ("opus", {"sample_rate": 16000}, "opus output is always 48000"),
-        ("mulaw", {"sample_rate": 16000}, "mulaw output is always 8000"),
+        ("opus", {"sample_rate": 16000}, "opus sample_rate must be one of 48000"),
+        ("mulaw", {"sample_rate": 16000}, "mulaw sample_rate must be one of 8000"),
         ("opus", {"bitrate": 10}, "bitrate"),
     ],
 )
@@ -329,10 +346,11 @@ def parse_pages(data: bytes) -> list[Page]:
 
 def write_sine_ogg(f: BinaryIO, trim: bool = True) -> OpusEncoder:
     enc = OpusEncoder()
-    writer = OggOpusWriter(f, pre_skip=enc.lookahead_samples, serial=0x1234)
-    for p in encode_all(enc, sine(440, SOURCE_RATE, 1.0)):
+    framer = framer_for(enc)
+    writer = OggOpusWriter(f, pre_skip=enc.tail_samples, serial=0x1234)
+    for p in encode_all(enc, sine(440, SOURCE_RATE, 1.0), framer=framer):
         writer.write_packet(p)
-    writer.close(valid_samples48k=enc.samples_out if trim else None)
+    writer.close(valid_samples48k=framer.samples_out if trim else None)
     return enc
 
 
@@ -370,7 +388,7 @@ def test_ogg_pages_follow_rfc_7845() -> None:
     (head_pkt,) = head.packets
     magic, ver, ch, pre_skip, rate, gain, family = struct.unpack("<8sBBHIhB", head_pkt)
     assert (magic, ver, ch, rate, gain, family) == (b"OpusHead", 1, 1, 24000, 0, 0)
-    assert pre_skip == enc.lookahead_samples == 312
+    assert pre_skip == enc.tail_samples == 312
 
     assert tags.flags == 0 and tags.granule == 0
     (tags_pkt,) = tags.packets

@@ -23,7 +23,7 @@ from voiceagent.protocol.errors import CloseCode
 from voiceagent.protocol.session import Limits
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
-from voiceagent.server.runner import PlayoutConfig
+from voiceagent.session.playout import PlayoutConfig
 
 UNPACED = PlayoutConfig(lead_ms=100_000)  # send audio as soon as it exists
 MESSAGE_TOO_BIG = 1009  # WebSocket close code for a message over the transport cap

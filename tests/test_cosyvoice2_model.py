@@ -27,10 +27,10 @@ from voiceagent.model.cosyvoice2.loader import REQUIRED
 from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
-from voiceagent.pipeline.turn import ChunkSchedule, OutputFormat, Turn, TurnSettings
+from voiceagent.pipeline.turn import ChunkSchedule, FrameFormat, Turn, TurnSettings
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
-from voiceagent.server.runner import PlayoutConfig
+from voiceagent.session.playout import PlayoutConfig
 
 TOL = 1e-4  # float32 attention over differently batched caches; PCM in [-1, 1]
 
@@ -96,7 +96,7 @@ def test_a_streamed_turn_equals_the_offline_pass_with_the_same_blocks(cv2_model)
 
     async def go() -> Turn:
         voice = cv2_model.voices["narrator"]
-        settings = TurnSettings(voice, SamplingParams(seed=3), 1.0, OutputFormat("pcm16", 24000))
+        settings = TurnSettings(voice, SamplingParams(seed=3), 1.0, FrameFormat(24000))
         turn = Turn("t", settings, engine, schedule=schedule, record_pcm=True)
         turn.start()
         turn.push_text("A short sentence.")

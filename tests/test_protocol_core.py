@@ -23,6 +23,7 @@ from voiceagent.protocol.session import (
     EndText,
     FlushText,
     Limits,
+    ListenerPlayed,
     MicAudio,
     OpenTurn,
     SendAudio,
@@ -125,6 +126,7 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                         "hangover_ms": 300,
                     },
                     "barge_in": {"mode": "off", "guard_ms": 300, "duck_gain": 0.25},
+                    "playback": {"reports": False, "timeout_ms": 500},
                 },
                 "voices": ["agent", "narrator"],
                 "model": MODEL,
@@ -164,6 +166,7 @@ def test_session_start_applies_the_settings_it_carries() -> None:
             "hangover_ms": 300,
         },
         "barge_in": {"mode": "off", "guard_ms": 300, "duck_gain": 0.25},
+        "playback": {"reports": False, "timeout_ms": 500},
     }
     opened = assert_speaks(core)
     assert opened.settings == Settings(
@@ -418,12 +421,10 @@ def test_audio_sends_first_audio_once_then_numbered_frames() -> None:
     first = core.audio(1, "opus", b"p0")
     assert first[0] == SendEvent({"type": "turn.first_audio", "turn_id": "t1", "turn": 1})
     sent = [first[1], *core.audio(1, "opus", b"p1"), *core.audio(1, "opus", b"p2")]
-    assert all(isinstance(a, SendAudio) for a in sent), sent
-    unpacked = [frames.unpack(a.data) for a in sent]  # type: ignore[union-attr]
-    assert [(f.codec, f.turn, f.seq, f.pts_ms, f.payload) for f in unpacked] == [
-        ("opus", 1, 0, 0, b"p0"),
-        ("opus", 1, 1, 20, b"p1"),
-        ("opus", 1, 2, 40, b"p2"),
+    assert sent == [
+        SendAudio(1, 0, 0, "opus", b"p0"),
+        SendAudio(1, 1, 20, "opus", b"p1"),
+        SendAudio(1, 2, 40, "opus", b"p2"),
     ]
     timings = {"ttfa_ms": 12.5, "chunks": 2}
     done = core.turn_done(1, timings)
@@ -436,8 +437,7 @@ def test_audio_sends_first_audio_once_then_numbered_frames() -> None:
     # each turn counts from 0, with its own codec
     second = core.audio(2, "pcm16", b"\x00\x01")
     assert events(second) == [{"type": "turn.first_audio", "turn_id": "t2", "turn": 2}]
-    f = frames.unpack(second[1].data)  # type: ignore[union-attr]
-    assert (f.codec, f.turn, f.seq, f.pts_ms) == ("pcm16", 2, 0, 0)
+    assert second[1] == SendAudio(2, 0, 0, "pcm16", b"\x00\x01")
 
 
 def test_audio_for_a_turn_that_never_existed_sends_nothing() -> None:
@@ -472,16 +472,32 @@ def test_a_failed_turn_reports_its_error_with_its_id() -> None:
     assert core.audio(1, "opus", b"x") == []
 
 
-def test_cancel_by_id_stops_that_turn_and_reports_the_audio_sent() -> None:
+def cancelled(
+    turn: int, sent_ms: int, played_ms: int = 0, source: str = "server", reason: str = "cancel"
+) -> SendEvent:
+    return SendEvent(
+        {
+            "type": "turn.cancelled",
+            "turn_id": f"t{turn}",
+            "turn": turn,
+            "reason": reason,
+            "sent_ms": sent_ms,
+            "played_ms": played_ms,
+            "played_source": source,
+        }
+    )
+
+
+def test_cancel_by_id_stops_that_turn_then_reports_what_the_listener_heard() -> None:
     core = started()
     speak(core)
     speak(core)
     for _ in range(3):
         core.audio(1, "opus", b"x")
-    assert send(core, {"type": "cancel", "turn_id": "t1"}) == [
-        CancelTurn(1),
-        SendEvent({"type": "turn.cancelled", "turn_id": "t1", "turn": 1, "sent_ms": 60}),
-    ]
+    # The turn sent audio: the runner stops it and asks the transport what was heard.
+    assert send(core, {"type": "cancel", "turn_id": "t1"}) == [CancelTurn(1, sent_audio=True)]
+    assert core.stopped(1, 45, "server") == [cancelled(1, 60, 45)]
+    assert core.stopped(1, 50, "server") == []  # the first answer counts
     # the other turn is untouched
     assert [type(a) for a in core.audio(2, "opus", b"y")] == [SendEvent, SendAudio]
     # cancelling a finished turn again is a no-op, not an error
@@ -495,14 +511,16 @@ def test_cancel_without_id_stops_every_live_turn_including_the_open_one() -> Non
     send(core, {"type": "text.delta", "text": "open"})
     core.audio(1, "opus", b"x")
     core.audio(1, "opus", b"x")
+    # Turns that sent nothing were heard for 0 ms: they are reported at once.
     assert send(core, {"type": "cancel"}) == [
-        CancelTurn(1),
-        SendEvent({"type": "turn.cancelled", "turn_id": "t1", "turn": 1, "sent_ms": 40}),
+        CancelTurn(1, sent_audio=True),
         CancelTurn(2),
-        SendEvent({"type": "turn.cancelled", "turn_id": "t2", "turn": 2, "sent_ms": 0}),
+        cancelled(2, 0),
         CancelTurn(3),
-        SendEvent({"type": "turn.cancelled", "turn_id": "t3", "turn": 3, "sent_ms": 0}),
+        cancelled(3, 0),
     ]
+    # played_ms never exceeds what was sent
+    assert core.stopped(1, 75, "report") == [cancelled(1, 40, 40, "report")]
     assert send(core, {"type": "cancel"}) == []  # nothing left to cancel
     assert_error(send(core, {"type": "text.end"}), ErrorCode.NO_OPEN_TURN)
     assert ident(speak(core)) == (4, "t4")
@@ -970,13 +988,13 @@ def test_speech_onset_past_the_guard_cancels_the_live_turns() -> None:
         {"type": "speech_started", "t_ms": 100}
     ]
     actions = core.speech("speech_started", 900, played_ms=460)
-    assert CancelTurn(opened.num) in actions
-    cancelled = next(e for e in events(actions) if e["type"] == "turn.cancelled")
-    assert (cancelled["reason"], cancelled["played_ms"], cancelled["sent_ms"]) == (
-        "barge_in",
-        460,
-        600,
-    )
+    assert actions == [
+        SendEvent({"type": "speech_started", "t_ms": 900}),
+        CancelTurn(opened.num, sent_audio=True),
+    ]
+    assert core.stopped(opened.num, 470, "server") == [
+        cancelled(opened.num, 600, 470, reason="barge_in")
+    ]
 
 
 def test_duck_lowers_the_output_while_the_person_speaks_and_restores_it_after() -> None:
@@ -1027,8 +1045,8 @@ def test_a_cancelled_turn_sends_no_more_levels() -> None:
     core = started()
     opened = assert_speaks(core)
     core.audio(opened.num, "opus", b"x", level=0.5)
-    cancelled = send(core, {"type": "cancel"})
-    assert [e["type"] for e in events(cancelled)] == ["turn.cancelled"]
+    assert events(send(core, {"type": "cancel"})) == []  # no audio.levels for it
+    assert [e["type"] for e in events(core.stopped(opened.num, 20, "server"))] == ["turn.cancelled"]
     assert core.audio(opened.num, "opus", b"x", level=0.5) == []
 
 
@@ -1039,3 +1057,74 @@ def test_without_barge_in_speech_is_only_reported() -> None:
     actions = core.speech("speech_started", 0, played_ms=5000)
     assert events(actions) == [{"type": "speech_started", "t_ms": 0}]
     assert not any(isinstance(a, CancelTurn) for a in actions)
+
+
+# -- playback reports: the listener says how much it played ---------------------------------
+
+
+def test_with_playback_reports_a_cancel_clears_the_listener_and_waits_for_its_report() -> None:
+    core = started({"playback": {"reports": True, "timeout_ms": 400}})
+    speak(core)
+    for _ in range(10):
+        core.audio(1, "opus", b"x")
+    assert send(core, {"type": "cancel"}) == [
+        CancelTurn(1, sent_audio=True, wait_listener_ms=400),
+        SendEvent({"type": "audio.clear", "turn_id": "t1", "turn": 1}),
+    ]
+    # The listener stopped and says what it played: that is the truth, and final.
+    report = {"type": "playback", "turn_id": "t1", "played_ms": 140, "stopped": True}
+    assert send(core, report) == [cancelled(1, 200, 140, "listener")]
+    assert core.stopped(1, 180, "server") == []  # the runner's fallback comes too late
+    assert send(core, report) == []  # a repeated report of a finished turn is ignored
+
+
+def test_without_the_listener_s_report_the_runner_s_estimate_is_used() -> None:
+    core = started({"playback": {"reports": True}})
+    speak(core)
+    core.audio(1, "opus", b"x")
+    send(core, {"type": "cancel"})
+    assert core.stopped(1, 20, "report") == [cancelled(1, 20, 20, "report")]
+
+
+def test_running_playback_reports_go_to_the_runner() -> None:
+    core = started()
+    speak(core)
+    core.audio(1, "opus", b"x")
+    assert send(core, {"type": "playback", "turn_id": "t1", "played_ms": 0}) == [
+        ListenerPlayed(1, 0)
+    ]
+    # a transport with its own reports (telephony marks) uses the same entry
+    assert core.playback(1, 20) == [ListenerPlayed(1, 20)]
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ({"type": "playback", "turn_id": "nope", "played_ms": 0}, ErrorCode.UNKNOWN_TURN),
+        ({"type": "playback", "played_ms": 0}, ErrorCode.INVALID_MESSAGE),
+        ({"type": "playback", "turn_id": "t1"}, ErrorCode.INVALID_PARAMETER),
+        ({"type": "playback", "turn_id": "t1", "played_ms": -1}, ErrorCode.INVALID_PARAMETER),
+        ({"type": "playback", "turn_id": "t1", "played_ms": 1.5}, ErrorCode.INVALID_PARAMETER),
+        (
+            {"type": "playback", "turn_id": "t1", "played_ms": 1, "stopped": "yes"},
+            ErrorCode.INVALID_PARAMETER,
+        ),
+    ],
+)
+def test_bad_playback_reports_are_errors_and_change_nothing(
+    message: dict[str, Any], code: ErrorCode
+) -> None:
+    core = started()
+    speak(core)
+    core.audio(1, "opus", b"x")
+    assert_error(send(core, message), code)
+    assert core.audio(1, "opus", b"y")  # turn 1 still plays
+
+
+def test_a_pinned_format_replaces_the_client_s_format() -> None:
+    pinned = Format("pcm16", 48000)
+    core = SessionCore("s1", CATALOG, Limits(), pinned_format=pinned)
+    [created] = send(core, {"type": "session.start", "format": {"codec": "mulaw"}})
+    assert created.event["settings"]["format"]["codec"] == "pcm16"  # type: ignore[union-attr]
+    send(core, {"type": "session.update", "format": {"codec": "opus"}})
+    assert core.settings is not None and core.settings.format == pinned

@@ -14,8 +14,8 @@ from conftest import Client, connect, run
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.model.checkpoint import SpeechModel
 from voiceagent.model.sampling import SamplingParams
-from voiceagent.pipeline.turn import OutputFormat, Turn, TurnSettings
-from voiceagent.server.runner import PlayoutConfig
+from voiceagent.pipeline.turn import FrameFormat, Turn, TurnSettings
+from voiceagent.session.playout import PlayoutConfig
 
 FAST = PlayoutConfig(lead_ms=100_000)  # no real-time pacing where timing is not the point
 SENTENCE = "Your order shipped this morning."
@@ -27,7 +27,7 @@ def reference_pcm(model: SpeechModel, text: str, voice: str, seed: int) -> np.nd
     engine.start()
 
     async def go() -> np.ndarray:
-        settings = TurnSettings(model.voices[voice], SamplingParams(seed=seed), 1.0, OutputFormat())
+        settings = TurnSettings(model.voices[voice], SamplingParams(seed=seed), 1.0, FrameFormat())
         turn = Turn("ref", settings, engine, streaming=False, record_pcm=True)
         turn.start()
         turn.push_text(text)

@@ -30,7 +30,7 @@ from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
-from voiceagent.server.runner import PlayoutConfig
+from voiceagent.session.playout import PlayoutConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = Path(os.environ.get("VOICEAGENT_SGLANG_PYTHON", ROOT / ".venv-sglang/bin/python"))

@@ -17,7 +17,7 @@ from voiceagent.model.flow import PAD_TOKEN
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.stretch import MelStretcher
-from voiceagent.pipeline.turn import OutputFormat, Turn, TurnSettings
+from voiceagent.pipeline.turn import FrameFormat, Turn, TurnSettings
 
 TOL = 1e-5
 
@@ -73,7 +73,7 @@ async def _run_turn(
     speed: float = 1.0,
 ) -> Turn:
     settings = TurnSettings(
-        engine.model.voices[voice], SamplingParams(seed=seed), speed, OutputFormat("pcm16", 24000)
+        engine.model.voices[voice], SamplingParams(seed=seed), speed, FrameFormat(24000)
     )
     turn = Turn("t", settings, engine, record_pcm=True)
     turn.start()
@@ -164,7 +164,7 @@ def test_a_turn_synthesizes_only_a_bounded_lead_ahead_of_its_consumer(tiny_model
 
     async def go(bound: int, stall_s: float) -> tuple[Turn, int, int]:
         settings = TurnSettings(
-            tiny_model.voices["agent"], SamplingParams(seed=2), 1.0, OutputFormat("pcm16", 24000)
+            tiny_model.voices["agent"], SamplingParams(seed=2), 1.0, FrameFormat(24000)
         )
         turn = Turn("t", settings, engine, record_pcm=True, max_output_frames=bound)
         turn.start()

@@ -31,7 +31,7 @@ from av import AudioFrame
 from conftest import Client, connect, run
 
 from voiceagent.audio.resample import StreamResampler
-from voiceagent.server.webrtc import FRAME_BYTES, OutboundAudioTrack, WebRtcConfig, mono_float
+from voiceagent.transport.webrtc import FRAME_BYTES, OutboundAudioTrack, WebRtcConfig, mono_float
 
 SENTENCE = "Your order shipped this morning."
 SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero

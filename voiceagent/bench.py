@@ -28,7 +28,7 @@ from .engine.sglang_lm import SGLangLM
 from .model.speech_model import SpeechModel
 from .server.app import ServerConfig
 from .server.background import BackgroundServer, free_port
-from .server.runner import PlayoutConfig
+from .session.playout import PlayoutConfig
 
 TEXTS = (
     "Thanks for calling. Your order shipped this morning and should arrive on Thursday.",

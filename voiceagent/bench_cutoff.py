@@ -19,7 +19,7 @@ from .engine.embedded import EmbeddedEngine
 from .engine.lm_engine import MAX_BACKLOG, EmbeddedLM
 from .model.sampling import SamplingParams
 from .model.speech_model import SpeechModel
-from .pipeline.turn import OutputFormat, Turn, TurnSettings
+from .pipeline.turn import FrameFormat, Turn, TurnSettings
 
 TEXT = "Here is a very long answer that goes on and on, sentence after sentence. " * 4
 FRAME_S = 0.02
@@ -30,7 +30,7 @@ async def _cut_turn(
 ) -> Turn:
     model = engine.model
     voice = next(iter(model.voices.values()))
-    settings = TurnSettings(voice, SamplingParams(seed=1), 1.0, OutputFormat("opus", 48000))
+    settings = TurnSettings(voice, SamplingParams(seed=1), 1.0, FrameFormat(48000))
     turn = Turn(
         "cut", settings, engine, max_output_frames=max_frames, max_segment_tokens=max_segment_tokens
     )

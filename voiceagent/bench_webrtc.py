@@ -38,7 +38,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from .bench import TEXTS, _percentile
 from .server.background import free_port
-from .server.webrtc import FRAME_SAMPLES, RATE, mono_float, set_audio_prefetch
+from .transport.webrtc import FRAME_SAMPLES, RATE, mono_float, set_audio_prefetch
 
 SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero; the bot's audio is not
 CUT_FRAMES = 10  # the bot counts as silenced at the first of this many silent frames

@@ -37,8 +37,8 @@ def _serve(args: argparse.Namespace) -> int:
     from .pipeline.turn import ChunkSchedule
     from .protocol.session import Limits
     from .server.app import DEFAULT_WEB_DIR, ServerConfig, VoiceServer, serve
-    from .server.runner import PlayoutConfig
-    from .server.webrtc import WebRtcConfig
+    from .session.playout import PlayoutConfig
+    from .transport.webrtc import WebRtcConfig
 
     model = load_model(args.model, args.device)
     lm = None
@@ -75,11 +75,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _say(args: argparse.Namespace) -> int:
+    from .audio.codecs import OpusEncoder
     from .audio.ogg import OggOpusWriter
     from .audio.wav import write_wav
     from .engine.embedded import EmbeddedEngine
     from .model.sampling import SamplingParams
-    from .pipeline.turn import OutputFormat, Turn, TurnSettings
+    from .pipeline.turn import FrameFormat, Turn, TurnSettings
 
     model = load_model(args.model, args.device)
     if args.voice not in model.voices:
@@ -95,11 +96,12 @@ def _say(args: argparse.Namespace) -> int:
         print("output must end in .ogg, .opus or .wav", file=sys.stderr)
         return 2
     engine = EmbeddedEngine(model)
+    encoder = OpusEncoder(args.bitrate)
     settings = TurnSettings(
         voice=model.voices[args.voice],
         sampling=SamplingParams(seed=args.seed),
         speed=args.speed,
-        output=OutputFormat("opus", 48000, args.bitrate),
+        frames=FrameFormat(encoder.sample_rate, encoder.tail_samples),
     )
 
     async def run() -> tuple[list[bytes], np.ndarray]:
@@ -111,8 +113,7 @@ def _say(args: argparse.Namespace) -> int:
         while (item := await turn.output.get()) is not None:
             if not isinstance(item, np.ndarray):
                 raise RuntimeError(str(item))
-            assert turn.encoder is not None
-            frames.append(turn.encoder.encode_frame(item))
+            frames.append(encoder.encode(item))
         return frames, np.concatenate(turn.pcm or [np.zeros(0, np.float32)])
 
     engine.start()
@@ -123,10 +124,8 @@ def _say(args: argparse.Namespace) -> int:
     if out.suffix == ".wav":
         write_wav(out, pcm, 24000)
     else:
-        from .audio.encoders import DEFAULT_OPUS_LOOKAHEAD
-
         with out.open("wb") as f:
-            writer = OggOpusWriter(f, pre_skip=DEFAULT_OPUS_LOOKAHEAD)
+            writer = OggOpusWriter(f, pre_skip=encoder.tail_samples)
             for packet in frames:
                 writer.write_packet(packet)
             writer.close(valid_samples48k=len(pcm) * 2)

@@ -6,7 +6,7 @@ import secrets
 import struct
 from typing import BinaryIO
 
-from voiceagent.audio.encoders import SOURCE_RATE
+from .format import MODEL_RATE as SOURCE_RATE
 
 VENDOR = "voiceagent"
 # Several 20 ms packets per page keeps the ~28-byte page overhead small while

@@ -8,8 +8,9 @@ from typing import BinaryIO
 
 import numpy as np
 
-from voiceagent.audio.encoders import float_to_int16
 from voiceagent.audio.resample import as_mono_f32
+
+from .codecs import float_to_int16
 
 
 def write_wav(

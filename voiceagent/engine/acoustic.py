@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..audio.encoders import FrameEncoder
+from ..audio.framing import Framer
 from ..model.speech_model import SpeechModel, Voice
 from ..model.streaming import State
 from ..model.stretch import MelStretcher
@@ -29,20 +29,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AcousticStream:
-    """Per-turn acoustic state: flow caches, vocoder overlap, speed and encoder state."""
+    """Per-turn acoustic state: flow caches, vocoder overlap, speed and framing."""
 
     voice: Voice
     flow_state: State | None  # None until primed on the worker thread
     vocoder_state: State | None
     stretcher: MelStretcher
-    encoder: FrameEncoder | None
+    framer: Framer | None
     closed: bool = False
 
 
 @dataclass
 class ChunkResult:
     pcm: np.ndarray  # float32, 24 kHz
-    # 20 ms frames at the output rate, not yet encoded (empty without an encoder): the
+    # 20 ms frames at the output rate, not yet encoded (empty without a framer): the
     # sender encodes each one when it is due, so a gain change is applied at once.
     frames: list[np.ndarray]
     compute_ms: float
@@ -77,11 +77,9 @@ class AcousticWorker:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def new_stream(
-        self, voice: Voice, speed: float, encoder: FrameEncoder | None
-    ) -> AcousticStream:
+    def new_stream(self, voice: Voice, speed: float, framer: Framer | None) -> AcousticStream:
         """A turn's acoustic state; the flow state is primed on the worker thread."""
-        return AcousticStream(voice, None, None, MelStretcher(speed), encoder)
+        return AcousticStream(voice, None, None, MelStretcher(speed), framer)
 
     def _primed(self, voice: Voice) -> State:
         """The flow state after the voice's prompt: computed once per voice (it can cost
@@ -182,10 +180,10 @@ class AcousticWorker:
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
         frames: list[np.ndarray] = []
-        if job.stream.encoder is not None:
-            frames = job.stream.encoder.frames(audio)
+        if job.stream.framer is not None:
+            frames = job.stream.framer.frames(audio)
             if job.final:
-                frames += job.stream.encoder.flush_frames()
+                frames += job.stream.framer.flush()
         job.done(ChunkResult(audio, frames, (time.perf_counter() - job.t0) * 1000))
 
 

@@ -1,6 +1,6 @@
-"""One turn: text -> segments -> speech tokens -> chunks -> mel -> PCM -> encoded frames.
+"""One turn: text -> segments -> speech tokens -> chunks -> mel -> PCM -> 20 ms frames.
 
-Everything a turn accumulates (segmenter, LM request, flow/vocoder/encoder state, queued
+Everything a turn accumulates (segmenter, LM request, flow/vocoder/framing state, queued
 frames) lives in this object. Cancel drops the object; nothing outside it needs resetting.
 """
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..audio.encoders import FrameEncoder, make_encoder
+from ..audio.format import MODEL_RATE
+from ..audio.framing import Framer
 from ..engine.acoustic import AcousticStream, ChunkResult
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import EngineUnavailable, TokenStream
@@ -26,8 +27,6 @@ from ..text.normalize import normalize
 from ..text.segmenter import Segmenter, SegmenterConfig
 
 log = logging.getLogger(__name__)
-
-FRAME_MS = 20
 
 
 @dataclass(frozen=True)
@@ -41,10 +40,12 @@ class ChunkSchedule:
 
 
 @dataclass(frozen=True)
-class OutputFormat:
-    codec: str = "opus"  # opus | pcm16 | mulaw
-    sample_rate: int = 48000
-    bitrate: int = 32000
+class FrameFormat:
+    """The frames a turn puts out: 20 ms at `sample_rate`, and `tail_samples` of silence
+    after the last audio (the sender's codec lookahead). Encoding is the sender's."""
+
+    sample_rate: int = MODEL_RATE
+    tail_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class TurnSettings:
     voice: Voice
     sampling: SamplingParams
     speed: float = 1.0
-    output: OutputFormat = OutputFormat()
+    frames: FrameFormat = FrameFormat()
     language: str = "auto"  # picks the text normalization (numbers, symbols)
 
 
@@ -93,7 +94,7 @@ class TurnFailed(Exception):
 
 
 # Items of `Turn.output`: a 20 ms frame of float32 PCM at the output rate (the sender
-# encodes it with `Turn.encoder` when it is due), a failure, or None at the end.
+# encodes it when it is due), a failure, or None at the end.
 OutputItem = np.ndarray | TurnFailed | None
 
 
@@ -129,7 +130,6 @@ class Turn:
         self._gen = torch.Generator().manual_seed(settings.sampling.seed)
         self._lm: TokenStream | None = None
         self._acoustic: AcousticStream | None = None
-        self.encoder: FrameEncoder | None = None  # set when the turn starts running
         self._held = 0.0  # seconds waited on the output bound so far
         self._task: asyncio.Task[None] | None = None
 
@@ -179,10 +179,8 @@ class Turn:
     async def _run(self) -> None:
         s = self.settings
         try:
-            self.encoder = make_encoder(
-                s.output.codec, sample_rate=s.output.sample_rate, bitrate=s.output.bitrate
-            )
-            self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, self.encoder)
+            framer = Framer(s.frames.sample_rate, s.frames.tail_samples)
+            self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, framer)
             if self.streaming:
                 await self._run_streaming()
             else:

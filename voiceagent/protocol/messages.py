@@ -6,14 +6,20 @@ Nothing here does I/O; a `ProtocolError` carries the code the client sees.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from ..audio.format import (
+    CODEC_RATES,
+    CODECS,
+    DEFAULT_OPUS_BITRATE,
+    DEFAULT_RATES,
+    OPUS_BITRATES,
+)
 from .errors import ErrorCode, ProtocolError
 
 LANGUAGES = ("auto", "en", "zh", "ja", "ko", "yue", "de", "fr", "es", "it", "ru")
-CODEC_RATES = {"opus": (48000,), "pcm16": (8000, 16000, 24000, 48000), "mulaw": (8000,)}
-DEFAULT_RATES = {"opus": 48000, "pcm16": 24000, "mulaw": 8000}
+INPUT_RATES = (0, 8000, 16000, 24000, 48000)
 
 
 @dataclass(frozen=True)
@@ -27,8 +33,8 @@ class Sampling:
 @dataclass(frozen=True)
 class Format:
     codec: str = "opus"
-    sample_rate: int = 48000
-    bitrate: int = 32000
+    sample_rate: int = DEFAULT_RATES["opus"]
+    bitrate: int = DEFAULT_OPUS_BITRATE
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,14 @@ class BargeIn:
 
 
 @dataclass(frozen=True)
+class Playback:
+    """The listener's playout reports (`playback` messages), like Twilio's echoed marks."""
+
+    reports: bool = False  # True: a cancel waits for the listener to say what it played
+    timeout_ms: int = 500  # ... at most this long, then the server's estimate is used
+
+
+@dataclass(frozen=True)
 class Settings:
     """What a session keeps between turns."""
 
@@ -61,17 +75,86 @@ class Settings:
     format: Format = field(default_factory=Format)
     input: Input = field(default_factory=Input)
     barge_in: BargeIn = field(default_factory=BargeIn)
+    playback: Playback = field(default_factory=Playback)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "voice": self.voice,
-            "language": self.language,
-            "speed": self.speed,
-            "sampling": vars(self.sampling).copy(),
-            "format": vars(self.format).copy(),
-            "input": vars(self.input).copy(),
-            "barge_in": vars(self.barge_in).copy(),
-        }
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One session setting, described once: validation, `session.created` and the table
+    in docs/protocol.md all come from SETTINGS."""
+
+    key: str  # dotted: "format.codec"
+    kind: type  # str, int, float or bool
+    doc: str
+    choices: tuple[Any, ...] = ()
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def default(self) -> Any:
+        value: Any = Settings()
+        for part in self.key.split("."):
+            value = getattr(value, part)
+        return value
+
+    def check(self, value: Any) -> Any:
+        name = f"'{self.key}'"
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise _invalid(f"{name} must be true or false")
+        elif self.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _invalid(f"{name} must be an integer (got {json.dumps(value)[:32]})")
+        elif self.kind is float:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise _invalid(f"{name} must be a number")
+            value = float(value)
+        elif not isinstance(value, str):
+            raise _invalid(f"{name} must be a string")
+        if self.choices and value not in self.choices:
+            raise _invalid(f"{name} must be one of {', '.join(map(str, self.choices))}")
+        if self.lo is not None and self.hi is not None and not self.lo <= value <= self.hi:
+            raise _invalid(f"{name} must be between {_num(self.lo)} and {_num(self.hi)}")
+        return value
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("voice", str, "voice (role) of new turns; one of `voices`"),
+    Setting("language", str, "text normalization (numbers, symbols)", LANGUAGES),
+    Setting("speed", float, "speaking rate", lo=0.5, hi=2.0),
+    Setting("sampling.temperature", float, "LM sampling temperature", lo=0.0, hi=2.0),
+    Setting("sampling.top_k", int, "LM top-k (0: off)", lo=0, hi=1000),
+    Setting("sampling.top_p", float, "LM nucleus sampling", lo=0.01, hi=1.0),
+    Setting("sampling.seed", int, "per-turn seed: same text, same audio", lo=0, hi=2**31 - 1),
+    Setting("format.codec", str, "codec of audio frames", CODECS),
+    Setting(
+        "format.sample_rate",
+        int,
+        "output rate: opus 48000; pcm16 8000, 16000, 24000 or 48000 (default 24000); "
+        "mulaw 8000. Changing the codec alone picks its default rate",
+        tuple(sorted({r for rates in CODEC_RATES.values() for r in rates})),
+    ),
+    Setting(
+        "format.bitrate", int, "Opus bit rate (bit/s)", lo=OPUS_BITRATES[0], hi=OPUS_BITRATES[1]
+    ),
+    Setting("input.sample_rate", int, "microphone PCM16 rate; 0: no microphone", INPUT_RATES),
+    Setting("input.vad_aggressiveness", int, "webrtcvad mode (3: least speech)", lo=0, hi=3),
+    Setting("input.min_speech_ms", int, "voiced audio before speech_started", lo=20, hi=2000),
+    Setting("input.hangover_ms", int, "silence before speech_stopped", lo=20, hi=5000),
+    Setting("barge_in.mode", str, "what the person's speech does", ("off", "cancel", "duck")),
+    Setting("barge_in.guard_ms", int, "no barge-in this early in a turn", lo=0, hi=5000),
+    Setting("barge_in.duck_gain", float, "output gain while ducked", lo=0.0, hi=1.0),
+    Setting("playback.reports", bool, "the client sends `playback` reports; a cancel waits"),
+    Setting("playback.timeout_ms", int, "longest wait for the final report", lo=0, hi=5000),
+)
+SETTING = {s.key: s for s in SETTINGS}
 
 
 # -- commands ---------------------------------------------------------------------------
@@ -105,7 +188,17 @@ class Ping:
     pass
 
 
-Command = StartSession | UpdateSession | TextDelta | Cancel | Ping
+@dataclass(frozen=True)
+class PlaybackReport:
+    """The listener has played `played_ms` of a turn's audio; `stopped`: and no more (its
+    answer to `audio.clear`)."""
+
+    turn_id: str
+    played_ms: int
+    stopped: bool
+
+
+Command = StartSession | UpdateSession | TextDelta | Cancel | Ping | PlaybackReport
 
 
 def _invalid(msg: str) -> ProtocolError:
@@ -167,106 +260,68 @@ def parse(data: str) -> Command:
         return Cancel(turn_id=_str(obj, "turn_id"))
     if kind == "ping":
         return Ping()
+    if kind == "playback":
+        turn_id = _str(obj, "turn_id", required=True)
+        assert turn_id is not None
+        played = obj.get("played_ms")
+        if isinstance(played, bool) or not isinstance(played, int) or not 0 <= played < 2**31:
+            raise _invalid("'played_ms' must be an integer from 0")
+        stopped = obj.get("stopped", False)
+        if not isinstance(stopped, bool):
+            raise _invalid("'stopped' must be true or false")
+        return PlaybackReport(turn_id, played, stopped)
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type '{kind[:64]}'")
 
 
 # -- settings validation ----------------------------------------------------------------
 
-_SETTING_KEYS = {"voice", "language", "speed", "sampling", "format", "input", "barge_in"}
-INPUT_RATES = (0, 8000, 16000, 24000, 48000)
-
-
-def _number(value: Any, name: str, lo: float, hi: float, integer: bool = False) -> Any:
-    ok_type = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok_type:
-        raise _invalid(f"'{name}' must be {'an integer' if integer else 'a number'}")
-    if not lo <= value <= hi:
-        raise _invalid(f"'{name}' must be between {lo} and {hi}")
-    return value
-
 
 def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str]) -> Settings:
-    """Validate `changes` against `current`; raise ProtocolError, or return new settings."""
-    unknown = set(changes) - _SETTING_KEYS
+    """Validate `changes` against `current`; raise ProtocolError, or return new settings.
+    Nothing is applied unless everything is valid."""
+    flat = _flatten(changes)
+    values = {key: SETTING[key].check(value) for key, value in flat.items()}
+    if "voice" in values:
+        check_voice(values["voice"], voices)
+    # The rate follows the codec unless given: a codec change alone takes its default.
+    codec = values.get("format.codec", current.format.codec)
+    if "format.sample_rate" not in values and codec != current.format.codec:
+        values["format.sample_rate"] = DEFAULT_RATES[codec]
+    rate = values.get("format.sample_rate", current.format.sample_rate)
+    if rate not in CODEC_RATES[codec]:
+        rates = ", ".join(map(str, CODEC_RATES[codec]))
+        raise _invalid(f"'format.sample_rate' for {codec} must be one of {rates}")
+    groups: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for key, value in values.items():
+        group, _, name = key.partition(".")
+        if name:
+            groups.setdefault(group, {})[name] = value
+        else:
+            top[key] = value
+    for group, fields in groups.items():
+        top[group] = replace(getattr(current, group), **fields)
+    return replace(current, **top)
+
+
+def _flatten(changes: dict[str, Any]) -> dict[str, Any]:
+    """{"format": {"codec": x}} -> {"format.codec": x}, refusing unknown keys."""
+    groups = {key.partition(".")[0] for key in SETTING if "." in key}
+    unknown = [k for k in changes if k not in SETTING and k not in groups]
     if unknown:
         raise _invalid(f"unknown setting(s): {', '.join(sorted(unknown))}")
-    new = current
-    if "voice" in changes:
-        voice = changes["voice"]
-        if not isinstance(voice, str):
-            raise _invalid("'voice' must be a string")
-        check_voice(voice, voices)
-        new = replace(new, voice=voice)
-    if "language" in changes:
-        if changes["language"] not in LANGUAGES:
-            raise _invalid(f"'language' must be one of {', '.join(LANGUAGES)}")
-        new = replace(new, language=changes["language"])
-    if "speed" in changes:
-        new = replace(new, speed=float(_number(changes["speed"], "speed", 0.5, 2.0)))
-    if "sampling" in changes:
-        s = _object(changes["sampling"], "sampling", {"temperature", "top_k", "top_p", "seed"})
-        sampling = new.sampling
-        if "temperature" in s:
-            t = float(_number(s["temperature"], "sampling.temperature", 0.0, 2.0))
-            sampling = replace(sampling, temperature=t)
-        if "top_k" in s:
-            sampling = replace(sampling, top_k=_number(s["top_k"], "sampling.top_k", 0, 1000, True))
-        if "top_p" in s:
-            top_p = float(_number(s["top_p"], "sampling.top_p", 0.01, 1.0))
-            sampling = replace(sampling, top_p=top_p)
-        if "seed" in s:
-            sampling = replace(
-                sampling, seed=_number(s["seed"], "sampling.seed", 0, 2**31 - 1, True)
-            )
-        new = replace(new, sampling=sampling)
-    if "format" in changes:
-        f = _object(changes["format"], "format", {"codec", "sample_rate", "bitrate"})
-        codec = f.get("codec", new.format.codec)
-        if not isinstance(codec, str) or codec not in CODEC_RATES:
-            raise _invalid(f"'format.codec' must be one of {', '.join(CODEC_RATES)}")
-        default_rate = new.format.sample_rate if codec == new.format.codec else DEFAULT_RATES[codec]
-        rate = f.get("sample_rate", default_rate)
-        if isinstance(rate, bool) or not isinstance(rate, int) or rate not in CODEC_RATES[codec]:
-            rates = ", ".join(map(str, CODEC_RATES[codec]))
-            raise _invalid(f"'format.sample_rate' for {codec} must be one of {rates}")
-        bitrate = _number(
-            f.get("bitrate", new.format.bitrate), "format.bitrate", 6000, 510000, True
-        )
-        new = replace(new, format=Format(codec, rate, bitrate))
-    if "input" in changes:
-        i = _object(
-            changes["input"],
-            "input",
-            {"sample_rate", "vad_aggressiveness", "min_speech_ms", "hangover_ms"},
-        )
-        rate = i.get("sample_rate", new.input.sample_rate)
-        if isinstance(rate, bool) or rate not in INPUT_RATES:
-            raise _invalid(f"'input.sample_rate' must be one of {', '.join(map(str, INPUT_RATES))}")
-        aggr = _number(
-            i.get("vad_aggressiveness", new.input.vad_aggressiveness),
-            "input.vad_aggressiveness",
-            0,
-            3,
-            True,
-        )
-        onset = _number(
-            i.get("min_speech_ms", new.input.min_speech_ms), "input.min_speech_ms", 20, 2000, True
-        )
-        hangover = _number(
-            i.get("hangover_ms", new.input.hangover_ms), "input.hangover_ms", 20, 5000, True
-        )
-        new = replace(new, input=Input(rate, aggr, onset, hangover))
-    if "barge_in" in changes:
-        b = _object(changes["barge_in"], "barge_in", {"mode", "guard_ms", "duck_gain"})
-        mode = b.get("mode", new.barge_in.mode)
-        if mode not in ("off", "cancel", "duck"):
-            raise _invalid("'barge_in.mode' must be off, cancel or duck")
-        guard = _number(
-            b.get("guard_ms", new.barge_in.guard_ms), "barge_in.guard_ms", 0, 5000, True
-        )
-        gain = _number(b.get("duck_gain", new.barge_in.duck_gain), "barge_in.duck_gain", 0, 1)
-        new = replace(new, barge_in=BargeIn(mode, guard, float(gain)))
-    return new
+    flat: dict[str, Any] = {}
+    for key, value in changes.items():
+        if key not in groups:
+            flat[key] = value
+            continue
+        if not isinstance(value, dict):
+            raise _invalid(f"'{key}' must be an object")
+        bad = [k for k in value if f"{key}.{k}" not in SETTING]
+        if bad:
+            raise _invalid(f"unknown key(s) in '{key}': {', '.join(sorted(map(str, bad)))}")
+        flat.update({f"{key}.{k}": v for k, v in value.items()})
+    return flat
 
 
 def check_voice(voice: str, voices: set[str]) -> None:
@@ -275,12 +330,3 @@ def check_voice(voice: str, voices: set[str]) -> None:
             ErrorCode.UNKNOWN_VOICE,
             f"unknown voice '{voice[:64]}'; available: {', '.join(sorted(voices))}",
         )
-
-
-def _object(value: Any, name: str, keys: set[str]) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _invalid(f"'{name}' must be an object")
-    unknown = set(value) - keys
-    if unknown:
-        raise _invalid(f"unknown key(s) in '{name}': {', '.join(sorted(unknown))}")
-    return value

@@ -1,12 +1,13 @@
 """The session protocol as a state machine without I/O.
 
 Messages from the client go in (`receive_text`, `receive_bytes`), notifications from the
-pipeline go in (`audio`, `turn_done`, `turn_failed`), and actions come out: events and
-frames to send, turns to open, feed, end or cancel. The transport adapters (WebSocket
-now; WebRTC data channel later) execute the actions and nothing else.
+pipeline and the transport go in (`audio`, `turn_done`, `turn_failed`, `speech`,
+`stopped`, `playback`), and actions come out: events and frames to send, turns to open,
+feed, end or cancel. The session runner executes the actions through a transport port.
 
 Turn states: open (taking text) -> closed (text ended, still synthesizing or playing)
--> finished (done, failed or cancelled). Turns play one after another, in order.
+-> finished (done, failed) or stopping (cancelled; waiting to learn how much the listener
+heard) -> cancelled. Turns play one after another, in order.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..audio.format import FRAME_MS
 from .errors import ErrorCode, ProtocolError
-from .frames import AudioFrame, pack
 from .messages import (
     Cancel,
+    Format,
     Ping,
+    PlaybackReport,
     Settings,
     StartSession,
     TextDelta,
@@ -57,7 +60,13 @@ class SendEvent:
 
 @dataclass(frozen=True)
 class SendAudio:
-    data: bytes
+    """One encoded 20 ms frame of turn `num`: the `seq`-th, `pts_ms` into the turn."""
+
+    num: int
+    seq: int
+    pts_ms: int
+    codec: str
+    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,21 @@ class FlushText:
 
 @dataclass(frozen=True)
 class CancelTurn:
+    """Stop turn `num` now and drop its queued audio. If it had sent audio, the runner then
+    tells `SessionCore.stopped` how much the listener heard — after waiting up to
+    `wait_listener_ms` for the listener's own report (`playback` with `stopped`)."""
+
     num: int
+    sent_audio: bool = False
+    wait_listener_ms: int = 0
+
+
+@dataclass(frozen=True)
+class ListenerPlayed:
+    """The listener reports having played `played_ms` of turn `num` (just now)."""
+
+    num: int
+    played_ms: int
 
 
 @dataclass(frozen=True)
@@ -113,6 +136,7 @@ Action = (
     | FlushText
     | EndText
     | CancelTurn
+    | ListenerPlayed
     | MicAudio
     | SetGain
 )
@@ -129,7 +153,7 @@ class _Turn:
     open: bool = True
     chars: int = 0
     frames: int = 0
-    frame_ms: int = 20
+    cancel_reason: str = "cancel"  # why it is stopping: cancel | barge_in
     levels: list[float] = field(default_factory=list)  # not yet sent in audio.levels
 
 
@@ -145,8 +169,12 @@ class SessionCore:
     session_id: str
     catalog: Catalog
     limits: Limits = field(default_factory=Limits)
+    # The transport carries only this format (WebRTC's track): a client's `format` is
+    # replaced by it.
+    pinned_format: Format | None = None
     settings: Settings | None = None  # None until session.start
     _turns: dict[int, _Turn] = field(default_factory=dict)  # live turns by number
+    _stopping: dict[int, _Turn] = field(default_factory=dict)  # cancelled, heard unknown
     _ids: set[str] = field(default_factory=set)
     _next_num: int = 1
     _open: int | None = None
@@ -180,6 +208,8 @@ class SessionCore:
                 return self._update(cmd.changes)
             if isinstance(cmd, TextDelta):
                 return self._text(cmd)
+            if isinstance(cmd, PlaybackReport):
+                return self._report(cmd)
             assert isinstance(cmd, Cancel)
             return self._cancel(cmd.turn_id)
         except ProtocolError as err:
@@ -206,7 +236,8 @@ class SessionCore:
         """The client's voice started or stopped (`t_ms` on its audio timeline).
         `played_ms`: how much of the playing turn the listener has heard, or None when no
         turn is playing. A speech onset past the guard barges in: `cancel` stops the live
-        turns, `duck` lowers the output until the speech stops."""
+        turns (`turn.cancelled` with reason barge_in), `duck` lowers the output until the
+        speech stops."""
         actions: list[Action] = [SendEvent({"type": kind, "t_ms": t_ms})]
         bi = self.settings.barge_in if self.settings else None
         if bi is None:
@@ -217,11 +248,7 @@ class SessionCore:
         if kind != "speech_started" or played_ms is None or played_ms < bi.guard_ms:
             return actions
         if bi.mode == "cancel":
-            for action in self._cancel(None):
-                if isinstance(action, SendEvent) and action.event["type"] == "turn.cancelled":
-                    action.event["reason"] = "barge_in"
-                    action.event["played_ms"] = min(played_ms, action.event["sent_ms"])
-                actions.append(action)
+            actions += self._cancel(None, reason="barge_in")
         elif bi.mode == "duck" and not self._ducked:
             self._ducked = True
             event = {"type": "audio.ducked", "t_ms": t_ms, "gain": bi.duck_gain}
@@ -232,7 +259,7 @@ class SessionCore:
         if self.started:
             raise ProtocolError(ErrorCode.SESSION_ALREADY_STARTED, "session already started")
         base = Settings(voice=self.catalog.default_voice)
-        self.settings = apply_settings(base, changes, set(self.catalog.voices))
+        self.settings = self._pin(apply_settings(base, changes, set(self.catalog.voices)))
         event = {
             "type": "session.created",
             "session_id": self.session_id,
@@ -249,9 +276,14 @@ class SessionCore:
 
     def _update(self, changes: dict[str, Any]) -> list[Action]:
         assert self.settings is not None
-        self.settings = apply_settings(self.settings, changes, set(self.catalog.voices))
+        self.settings = self._pin(apply_settings(self.settings, changes, set(self.catalog.voices)))
         # Turns already opened keep the settings they started with.
         return [SendEvent({"type": "session.updated", "settings": self.settings.to_dict()})]
+
+    def _pin(self, settings: Settings) -> Settings:
+        return (
+            settings if self.pinned_format is None else replace(settings, format=self.pinned_format)
+        )
 
     def _text(self, cmd: TextDelta) -> list[Action]:
         # Everything is checked before any state changes: the actions of a half-applied
@@ -357,7 +389,7 @@ class SessionCore:
             self._open = None
         return [EndText(turn.num)]
 
-    def _cancel(self, turn_id: str | None) -> list[Action]:
+    def _cancel(self, turn_id: str | None, reason: str = "cancel") -> list[Action]:
         if turn_id is None:
             targets = list(self._turns.values())
         else:
@@ -367,18 +399,58 @@ class SessionCore:
         actions: list[Action] = []
         for turn in targets:
             self._finish(turn)
-            actions.append(CancelTurn(turn.num))
-            actions.append(
-                SendEvent(
-                    {
-                        "type": "turn.cancelled",
-                        "turn_id": turn.turn_id,
-                        "turn": turn.num,
-                        "sent_ms": turn.frames * turn.frame_ms,
-                    }
-                )
-            )
+            turn.cancel_reason = reason
+            if turn.frames == 0:  # nothing was sent, so nothing was heard
+                actions.append(CancelTurn(turn.num))
+                actions.append(SendEvent(self._cancelled(turn, 0, "server")))
+                continue
+            self._stopping[turn.num] = turn
+            assert self.settings is not None
+            pb = self.settings.playback
+            wait = pb.timeout_ms if pb.reports else 0
+            actions.append(CancelTurn(turn.num, sent_audio=True, wait_listener_ms=wait))
+            if pb.reports:  # stop playing now and say how much you played
+                event = {"type": "audio.clear", "turn_id": turn.turn_id, "turn": turn.num}
+                actions.append(SendEvent(event))
         return actions
+
+    def stopped(self, num: int, played_ms: int, source: str) -> list[Action]:
+        """How much of cancelled turn `num` the listener heard, as the transport knows it
+        (`source`: listener, report or server). The first answer for a turn counts."""
+        turn = self._stopping.pop(num, None)
+        if turn is None:
+            return []
+        return [SendEvent(self._cancelled(turn, played_ms, source))]
+
+    def playback(self, num: int, played_ms: int, stopped: bool = False) -> list[Action]:
+        """The listener's own report for turn `num` (a `playback` message, or a transport
+        that learns it otherwise, such as telephony marks)."""
+        if stopped and num in self._stopping:
+            return self.stopped(num, played_ms, "listener")
+        if num in self._turns:
+            return [ListenerPlayed(num, played_ms)]
+        return []  # a finished turn: the report raced its end
+
+    def _report(self, cmd: PlaybackReport) -> list[Action]:
+        live = [*self._turns.values(), *self._stopping.values()]
+        turn = next((t for t in live if t.turn_id == cmd.turn_id), None)
+        if turn is None:
+            if cmd.turn_id not in self._ids:
+                raise ProtocolError(ErrorCode.UNKNOWN_TURN, f"no turn '{cmd.turn_id[:64]}'")
+            return []
+        return self.playback(turn.num, cmd.played_ms, cmd.stopped)
+
+    def _cancelled(self, turn: _Turn, played_ms: int, source: str) -> dict[str, Any]:
+        sent_ms = turn.frames * FRAME_MS
+        return {
+            "type": "turn.cancelled",
+            "turn_id": turn.turn_id,
+            "turn": turn.num,
+            "reason": turn.cancel_reason,
+            "sent_ms": sent_ms,
+            "played_ms": max(0, min(played_ms, sent_ms)),
+            "played_source": source,
+        }
 
     def _finish(self, turn: _Turn) -> None:
         self._turns.pop(turn.num, None)
@@ -387,9 +459,7 @@ class SessionCore:
 
     # -- input from the pipeline ----------------------------------------------------------
 
-    def audio(
-        self, num: int, codec: str, payload: bytes, frame_ms: int = 20, level: float = 0.0
-    ) -> list[Action]:
+    def audio(self, num: int, codec: str, payload: bytes, level: float = 0.0) -> list[Action]:
         """A frame of turn `num` is due to be sent; `level` is its loudness (0..1), which
         goes out in `audio.levels` events for lip sync. Nothing is sent for a finished turn."""
         turn = self._turns.get(num)
@@ -400,11 +470,9 @@ class SessionCore:
             actions.append(
                 SendEvent({"type": "turn.first_audio", "turn_id": turn.turn_id, "turn": num})
             )
-        frame = AudioFrame(codec, num, turn.frames, turn.frames * frame_ms, payload)
+        actions.append(SendAudio(num, turn.frames, turn.frames * FRAME_MS, codec, payload))
         turn.frames += 1
-        turn.frame_ms = frame_ms
         turn.levels.append(round(level, 3))
-        actions.append(SendAudio(pack(frame)))
         if len(turn.levels) >= LEVELS_PER_EVENT:
             actions += self._levels(turn)
         return actions
@@ -418,8 +486,8 @@ class SessionCore:
             "type": "audio.levels",
             "turn_id": turn.turn_id,
             "turn": turn.num,
-            "offset_ms": (turn.frames - len(turn.levels)) * turn.frame_ms,
-            "frame_ms": turn.frame_ms,
+            "offset_ms": (turn.frames - len(turn.levels)) * FRAME_MS,
+            "frame_ms": FRAME_MS,
             "levels": turn.levels,
         }
         turn.levels = []
@@ -435,7 +503,7 @@ class SessionCore:
             "type": "turn.done",
             "turn_id": turn.turn_id,
             "turn": num,
-            "sent_ms": turn.frames * turn.frame_ms,
+            "sent_ms": turn.frames * FRAME_MS,
             "timings": timings,
         }
         return [*actions, SendEvent(event)]

@@ -3,7 +3,7 @@
 GET  /health       readiness and load
 GET  /v1/voices    voices of the loaded model
 WS   /v1/ws        sessions (docs/protocol.md)
-POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (server/webrtc.py)
+POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webrtc.py)
 GET  /             the browser demo (web/), when that folder exists
 """
 
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,14 +22,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
-from ..protocol.errors import CloseCode, ErrorCode
-from ..protocol.session import Catalog, Limits, SessionCore, error_event
-from .runner import PlayoutConfig, SessionRunner
-from .webrtc import WebRtcConfig, WebRtcGateway
+from ..protocol.session import Catalog, Limits
+from ..session.playout import PlayoutConfig
+from ..transport.webrtc import WebRtcConfig, WebRtcGateway
+from ..transport.websocket import serve_websocket
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +71,11 @@ class VoiceServer:
         )
         self._voice_files: dict[Path, float] = {}
         self.rescan_voices()
-        self.webrtc = WebRtcGateway(self, config.webrtc)  # shares self.sessions
+        self.webrtc = WebRtcGateway(self, config.webrtc)
         routes: list[BaseRoute] = [
             Route("/health", self.health),
             Route("/v1/voices", self.voices),
-            WebSocketRoute("/v1/ws", self.websocket),
+            WebSocketRoute("/v1/ws", self._websocket),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
         ]
         web = config.web_dir
@@ -159,32 +157,28 @@ class VoiceServer:
     async def voices(self, request: Request) -> JSONResponse:
         return JSONResponse({"voices": list(self.catalog.voices)})
 
-    async def websocket(self, ws: WebSocket) -> None:
-        await ws.accept()
-        if self.sessions >= self.config.max_sessions:
-            msg = f"server is at its limit of {self.config.max_sessions} sessions; retry later"
-            await ws.send_text(json.dumps(error_event(ErrorCode.TOO_MANY_SESSIONS, msg)))
-            await ws.close(CloseCode.TRY_AGAIN_LATER, "too many sessions")
-            return
+    # -- SessionHost: what transports need to open sessions --------------------------------
+
+    @property
+    def limits(self) -> Limits:
+        return self.config.limits
+
+    @property
+    def playout(self) -> PlayoutConfig:
+        return self.config.playout
+
+    def admit(self) -> str | None:
+        limit = self.config.max_sessions
+        if self.sessions >= limit:
+            return f"server is at its limit of {limit} sessions; retry later"
         self.sessions += 1
-        core = SessionCore(uuid.uuid4().hex[:16], self.catalog, self.config.limits)
-        runner = SessionRunner(core, self.engine, ws.send_text, ws.send_bytes, self.config.playout)
-        try:
-            while True:
-                message = await ws.receive()
-                if message["type"] == "websocket.disconnect":
-                    break
-                if message.get("text") is not None:
-                    await runner.on_text(message["text"])
-                elif message.get("bytes") is not None:
-                    await runner.on_bytes(message["bytes"])
-        except WebSocketDisconnect:
-            pass
-        except Exception:
-            log.exception("session %s failed", core.session_id)
-        finally:
-            self.sessions -= 1
-            await runner.close()
+        return None
+
+    def release(self) -> None:
+        self.sessions -= 1
+
+    async def _websocket(self, ws: WebSocket) -> None:
+        await serve_websocket(self, ws)
 
 
 def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Config:

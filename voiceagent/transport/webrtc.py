@@ -4,11 +4,10 @@ POST /v1/webrtc/offer   {"sdp": ..., "type": "offer"} -> {"sdp": ..., "type": "a
 
 The offer must hold one audio m-line and one data channel (m=application). Control is
 the WebSocket protocol's JSON, over the data channel, run by the same SessionCore and
-SessionRunner; audio goes out on the audio track instead of as binary messages. The
-session's output is forced to pcm16 at 48 kHz so frames can be handed to aiortc, which
-encodes them as Opus. Inbound audio feeds a VoiceActivity detector whose events
-(`speech_started` / `speech_stopped`, with `t_ms` on the inbound audio timeline) go out on
-the data channel.
+SessionRunner through the transport port; audio goes out on the audio track instead of as
+binary messages. The session's output is pinned to pcm16 at 48 kHz so frames can be
+handed to aiortc, which encodes them as Opus. Inbound audio goes to the runner's listener
+(voice activity, barge-in).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import av
 import numpy as np
@@ -42,23 +41,22 @@ from aiortc.mediastreams import MediaStreamError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from ..audio.format import FRAME_MS, OPUS_RATE, frame_samples
 from ..protocol.errors import ErrorCode
-from ..protocol.frames import unpack
-from ..protocol.session import Action, SessionCore
-from .runner import SessionRunner
-
-if TYPE_CHECKING:
-    from .app import VoiceServer
+from ..protocol.messages import Format
+from ..protocol.session import SendAudio, SessionCore
+from ..session.port import SessionHost, Transport
+from ..session.runner import SessionRunner
 
 log = logging.getLogger(__name__)
 
-RATE = 48000
-FRAME_SAMPLES = 960  # 20 ms at 48 kHz: one Opus frame
-FRAME_S = FRAME_SAMPLES / RATE
+RATE = OPUS_RATE
+FRAME_SAMPLES = frame_samples(RATE)  # one Opus frame
+FRAME_S = FRAME_MS / 1000
 FRAME_BYTES = FRAME_SAMPLES * 2
 # The track's format; a client's `format` setting is ignored on WebRTC (the codec and
 # rate are negotiated in SDP instead).
-FORCED_FORMAT = {"codec": "pcm16", "sample_rate": RATE}
+PINNED_FORMAT = Format(codec="pcm16", sample_rate=RATE)
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ class OutboundAudioTrack(MediaStreamTrack):
             turn, pcm = self._queue.popleft()
             played = self.played.get(turn, 0)
             if turn != self._last_turn and self.on_sync is not None:
-                self.on_sync(turn, played * 20)
+                self.on_sync(turn, played * FRAME_MS)
             self.played[turn] = played + 1
             self._space.set()
         else:
@@ -200,36 +198,47 @@ def mono_float(frame: av.AudioFrame) -> np.ndarray:
 # -- sessions ---------------------------------------------------------------------------
 
 
-class WebRtcCore(SessionCore):
-    """SessionCore with the output format pinned to what the audio track carries."""
+class WebRtcTransport(Transport):
+    """The port over a peer connection: events on the data channel, audio on the track."""
 
-    def _start(self, changes: dict[str, Any]) -> list[Action]:
-        return super()._start({**changes, "format": FORCED_FORMAT})
+    name = "webrtc"
+    pinned_format = PINNED_FORMAT
 
-    def _update(self, changes: dict[str, Any]) -> list[Action]:
-        if "format" in changes:
-            changes = {**changes, "format": FORCED_FORMAT}
-        return super()._update(changes)
+    def __init__(self, track: OutboundAudioTrack) -> None:
+        self.track = track
+        self.channel: RTCDataChannel | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.channel is not None and self.channel.readyState == "open"
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        if self.channel is None or not self.open:
+            raise ConnectionError("data channel is not open")
+        self.channel.send(json.dumps(event))
+
+    async def send_audio(self, frame: SendAudio) -> None:
+        await self.track.put(frame.num, frame.payload)
+
+    def drop_turn(self, num: int) -> None:
+        self.track.drop_turn(num)
+
+    def sent_ms(self, num: int) -> int | None:
+        """What the track has emitted toward the peer (the rest of the lead is dropped)."""
+        return self.track.played.get(num, 0) * FRAME_MS
 
 
 class WebRtcSession:
     def __init__(self, gateway: WebRtcGateway, pc: RTCPeerConnection) -> None:
         self.gateway = gateway
-        self.server = gateway.server
+        host = gateway.host
         self.config = gateway.config
         self.pc = pc
         self.id = uuid.uuid4().hex[:16]
         self.track = OutboundAudioTrack(self.config.track_buffer_frames, on_sync=self._on_sync)
-        self.channel: RTCDataChannel | None = None
-        self.core = WebRtcCore(self.id, self.server.catalog, self.server.config.limits)
-        self.runner = SessionRunner(
-            self.core,
-            self.server.engine,
-            self._send_text,
-            self._send_bytes,
-            self.server.config.playout,
-            heard_ms=self._heard_ms,
-        )
+        self.transport = WebRtcTransport(self.track)
+        self.core = SessionCore(self.id, host.catalog, host.limits, PINNED_FORMAT)
+        self.runner = SessionRunner(self.core, host.engine, self.transport, host.playout)
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(self.config.max_inbox)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Task[None] | None = None
@@ -245,46 +254,20 @@ class WebRtcSession:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    # -- transport for the runner ---------------------------------------------------------
-
-    async def _send_text(self, text: str) -> None:
-        channel = self.channel
-        if channel is None or channel.readyState != "open":
-            raise ConnectionError("data channel is not open")
-        if '"turn.cancelled"' in text:  # frames of a cancelled turn must not be heard
-            event = json.loads(text)
-            if event.get("type") == "turn.cancelled":
-                # What the peer has been sent on the track (the rest of the lead is
-                # dropped), as opposed to sent_ms: what the runner had queued.
-                event["played_ms"] = self.track.played.get(int(event["turn"]), 0) * 20
-                self.track.drop_turn(int(event["turn"]))
-                text = json.dumps(event)
-        channel.send(text)
-
-    async def _send_bytes(self, data: bytes) -> None:
-        frame = unpack(data)
-        if frame.codec != "pcm16":  # cannot happen with WebRtcCore; never feed the track junk
-            log.warning("session %s: dropping a %s frame", self.id, frame.codec)
-            return
-        await self.track.put(frame.turn, frame.payload)
-
     def _on_sync(self, turn: int, offset_ms: int) -> None:
         self.send_event({"type": "audio.sync", "turn": turn, "offset_ms": offset_ms})
 
-    def _channel_open(self) -> bool:
-        return self.channel is not None and self.channel.readyState == "open"
-
     def send_event(self, event: dict[str, Any]) -> None:
         """Best effort: an event with no open channel to carry it is dropped."""
-        if self.channel is not None and self._channel_open():
-            self.channel.send(json.dumps(event))
+        if self.transport.channel is not None and self.transport.open:
+            self.transport.channel.send(json.dumps(event))
 
     # -- peer connection events -----------------------------------------------------------
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        if self.channel is not None:  # one control channel per session; ignore others
+        if self.transport.channel is not None:  # one control channel per session
             return
-        self.channel = channel
+        self.transport.channel = channel
 
         @channel.on("message")
         def on_message(message: str | bytes) -> None:
@@ -336,17 +319,12 @@ class WebRtcSession:
                 frame = await track.recv()
             except MediaStreamError:
                 return
-            if not isinstance(frame, av.AudioFrame) or not self._channel_open():
+            if not isinstance(frame, av.AudioFrame) or not self.transport.open:
                 continue  # nowhere to send speech events yet
             try:
-                await self.runner.execute(self.runner.hear(mono_float(frame), frame.sample_rate))
+                await self.runner.hear(mono_float(frame), frame.sample_rate)
             except ConnectionError:
                 self.close_soon()
-
-    def _heard_ms(self) -> int | None:
-        """What the peer has heard of the playing turn: frames the track has sent."""
-        playing = self.runner.playing_turn
-        return None if playing is None else self.track.played.get(playing, 0) * 20
 
     # -- teardown -------------------------------------------------------------------------
 
@@ -375,17 +353,17 @@ class WebRtcSession:
 
 
 class WebRtcGateway:
-    """Accepts offers and owns the WebRTC sessions of one VoiceServer."""
+    """Accepts offers and owns the WebRTC sessions of one server."""
 
-    def __init__(self, server: VoiceServer, config: WebRtcConfig | None = None) -> None:
-        self.server = server
+    def __init__(self, host: SessionHost, config: WebRtcConfig | None = None) -> None:
+        self.host = host
         self.config = config or WebRtcConfig()
         self.sessions: set[WebRtcSession] = set()
 
     def release(self, session: WebRtcSession) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
-            self.server.sessions -= 1
+            self.host.release()
 
     async def close_all(self) -> None:
         for session in list(self.sessions):
@@ -396,12 +374,10 @@ class WebRtcGateway:
             offer = await self._read_offer(request)
         except OfferError as err:
             return _error(err)
-        limit = self.server.config.max_sessions
-        if self.server.sessions >= limit:
-            msg = f"server is at its limit of {limit} sessions; retry later"
-            return _error(OfferError(str(ErrorCode.TOO_MANY_SESSIONS), msg, 503))
         # Take the slot before the first await, so concurrent offers cannot overshoot.
-        self.server.sessions += 1
+        refusal = self.host.admit()
+        if refusal is not None:
+            return _error(OfferError(str(ErrorCode.TOO_MANY_SESSIONS), refusal, 503))
         ice = [RTCIceServer(url) for url in self.config.ice_servers]
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         session: WebRtcSession | None = None
@@ -422,7 +398,7 @@ class WebRtcGateway:
         if session is not None:
             await session.close()
         else:
-            self.server.sessions -= 1
+            self.host.release()
             with contextlib.suppress(Exception):
                 await pc.close()
 

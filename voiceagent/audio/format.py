@@ -1,0 +1,24 @@
+"""Audio facts every stage shares, defined once: the model's rate, the frame duration and
+what each output codec accepts."""
+
+from __future__ import annotations
+
+MODEL_RATE = 24000  # the vocoder's PCM
+FRAME_MS = 20  # one packet on every transport (Opus, RTP, telephony)
+
+OPUS_RATE = 48000
+MULAW_RATE = 8000
+PCM16_RATES = (8000, 16000, 24000, 48000)
+CODEC_RATES: dict[str, tuple[int, ...]] = {
+    "opus": (OPUS_RATE,),
+    "pcm16": PCM16_RATES,
+    "mulaw": (MULAW_RATE,),
+}
+DEFAULT_RATES = {"opus": OPUS_RATE, "pcm16": MODEL_RATE, "mulaw": MULAW_RATE}
+CODECS = tuple(CODEC_RATES)
+OPUS_BITRATES = (6000, 510000)  # the range a session may ask for, in bit/s
+DEFAULT_OPUS_BITRATE = 32000
+
+
+def frame_samples(rate: int) -> int:
+    return rate * FRAME_MS // 1000

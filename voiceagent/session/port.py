@@ -1,0 +1,64 @@
+"""The transport port: what a session runner needs from any way audio leaves.
+
+The runner talks to a transport only through this interface, and a transport talks to
+the session only through the runner (`on_text`, `on_bytes`, `hear`, `listener_played`).
+WebSocket and WebRTC implement it now; telephony and compatibility endpoints next.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ..protocol.messages import Format
+from ..protocol.session import Catalog, Limits, SendAudio
+
+if TYPE_CHECKING:
+    from ..engine.embedded import EmbeddedEngine
+    from .playout import PlayoutConfig
+
+
+class Transport(ABC):
+    """One session's connection to its listener."""
+
+    name: str  # "websocket", "webrtc": for logs and metrics
+    # The only output format the transport can carry (None: the session's `format`).
+    pinned_format: Format | None = None
+
+    @abstractmethod
+    async def send_event(self, event: dict[str, Any]) -> None:
+        """Send a protocol event (JSON object). Raises ConnectionError once closed."""
+
+    @abstractmethod
+    async def send_audio(self, frame: SendAudio) -> None:
+        """Send one encoded 20 ms frame of a turn, in order; may wait while the transport's
+        own queue is full (that wait paces the runner)."""
+
+    @abstractmethod
+    def drop_turn(self, num: int) -> None:
+        """Discard the audio of turn `num` still queued inside the transport (cancel)."""
+
+    def sent_ms(self, num: int) -> int | None:
+        """How much of turn `num` has left the server toward the listener, where the
+        transport knows better than the runner's pacing clock (WebRTC: frames its track
+        emitted). None: the runner estimates from when it sent the frames."""
+        return None
+
+
+class SessionHost(Protocol):
+    """What a transport needs from the server to open sessions."""
+
+    engine: EmbeddedEngine
+    catalog: Catalog
+
+    @property
+    def limits(self) -> Limits: ...
+
+    @property
+    def playout(self) -> PlayoutConfig: ...
+
+    def admit(self) -> str | None:
+        """Take a session slot; None if taken, else why not (the server is full)."""
+
+    def release(self) -> None:
+        """Give a slot back (exactly once per admitted session)."""

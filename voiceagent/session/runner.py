@@ -1,0 +1,283 @@
+"""Runs one session: executes the protocol core's actions with real turns, a paced
+sender and one listener (voice activity), talking to the listener only through a
+transport port (port.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..audio.codecs import Encoder, make_encoder
+from ..audio.format import FRAME_MS
+from ..audio.levels import loudness
+from ..audio.vad import VoiceActivity
+from ..engine.embedded import EmbeddedEngine
+from ..model.sampling import SamplingParams
+from ..pipeline.turn import FrameFormat, Turn, TurnFailed, TurnSettings
+from ..protocol.errors import ErrorCode
+from ..protocol.messages import Input, Settings
+from ..protocol.session import (
+    Action,
+    AppendText,
+    CancelTurn,
+    EndText,
+    FlushText,
+    ListenerPlayed,
+    MicAudio,
+    OpenTurn,
+    SendAudio,
+    SendEvent,
+    SessionCore,
+    SetGain,
+)
+from .playout import Heard, PlayoutConfig, TurnPlayout
+from .port import Transport
+
+log = logging.getLogger(__name__)
+
+
+class Listener:
+    """The person at the other end: inbound audio (any transport, any rate) -> voice
+    activity -> speech events. The detector follows the session's `input` settings."""
+
+    def __init__(self) -> None:
+        self._vad: VoiceActivity | None = None
+        self._key: tuple[int, ...] = ()
+
+    def feed(self, pcm: np.ndarray, sample_rate: int, i: Input) -> Sequence[tuple[str, int]]:
+        key = (sample_rate, i.vad_aggressiveness, i.min_speech_ms, i.hangover_ms)
+        if self._vad is None or self._key != key:
+            self._key = key
+            self._vad = VoiceActivity(
+                sample_rate,
+                i.vad_aggressiveness,
+                min_speech_ms=i.min_speech_ms,
+                hangover_ms=i.hangover_ms,
+            )
+        return self._vad.feed(pcm)
+
+
+class SessionRunner:
+    def __init__(
+        self,
+        core: SessionCore,
+        engine: EmbeddedEngine,
+        transport: Transport,
+        playout: PlayoutConfig | None = None,
+    ) -> None:
+        self.core = core
+        self.engine = engine
+        self.transport = transport
+        self.playout = playout or PlayoutConfig()
+        self.listener = Listener()
+        self._turns: dict[int, Turn] = {}
+        self._encoders: dict[int, Encoder] = {}  # each turn's, made when it opens
+        self._order: asyncio.Queue[int] = asyncio.Queue()
+        self._playing: tuple[int, asyncio.Task[None]] | None = None
+        self._playouts: dict[int, TurnPlayout] = {}  # turns that have sent audio
+        self._waits: set[asyncio.Task[None]] = set()  # for listeners' reports after a cancel
+        self.gain = 1.0  # applied to each frame as it is encoded (ducking)
+        self._player = asyncio.get_running_loop().create_task(self._play_turns())
+
+    # -- from the transport ---------------------------------------------------------------
+
+    async def on_text(self, data: str) -> None:
+        await self.execute(self.core.receive_text(data))
+
+    async def on_bytes(self, data: bytes) -> None:
+        await self.execute(self.core.receive_bytes(data))
+
+    async def hear(self, pcm: np.ndarray, sample_rate: int) -> None:
+        """Inbound audio from the listener's microphone: speech events and barge-in."""
+        i = self.core.settings.input if self.core.settings else Input()
+        actions: list[Action] = []
+        for kind, t_ms in self.listener.feed(pcm, sample_rate, i):
+            playing = self.playing_turn
+            heard = None if playing is None else self.heard(playing).ms
+            actions += self.core.speech(kind, t_ms, heard)
+        await self.execute(actions)
+
+    async def listener_played(self, num: int, played_ms: int, stopped: bool = False) -> None:
+        """A transport that learns playout on its own (telephony marks) reports it here."""
+        await self.execute(self.core.playback(num, played_ms, stopped))
+
+    async def close(self) -> None:
+        self._player.cancel()
+        for task in self._waits:
+            task.cancel()
+        for turn in self._turns.values():
+            turn.close()
+        self._turns.clear()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._player
+
+    # -- actions --------------------------------------------------------------------------
+
+    async def execute(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, SendEvent):
+                await self.transport.send_event(action.event)
+            elif isinstance(action, SendAudio):
+                self._playouts.setdefault(action.num, TurnPlayout()).sent()
+                await self.transport.send_audio(action)
+            elif isinstance(action, OpenTurn):
+                self._open(action)
+            elif isinstance(action, AppendText | FlushText | EndText):
+                target = self._turns.get(action.num)
+                if target is None:  # already finished here (e.g. failed): nothing to feed
+                    continue
+                if isinstance(action, AppendText):
+                    target.push_text(action.text)
+                elif isinstance(action, FlushText):
+                    target.flush_text()
+                else:
+                    target.end_text()
+            elif isinstance(action, CancelTurn):
+                await self._cancel(action)
+            elif isinstance(action, ListenerPlayed):
+                if (playout := self._playouts.get(action.num)) is not None:
+                    playout.report = (action.played_ms, time.monotonic())
+            elif isinstance(action, MicAudio):
+                await self.hear(np.frombuffer(action.pcm, dtype="<i2"), action.sample_rate)
+            elif isinstance(action, SetGain):
+                self.gain = action.gain
+
+    @property
+    def playing_turn(self) -> int | None:
+        return None if self._playing is None else self._playing[0]
+
+    def heard(self, num: int) -> Heard:
+        """How much of turn `num` the listener has heard, from the best source at hand."""
+        playout = self._playouts.get(num)
+        if playout is None:
+            return Heard(0, "server")
+        return playout.heard(self.transport.sent_ms(num))
+
+    def _open(self, action: OpenTurn) -> None:
+        fmt = action.settings.format
+        encoder = self._encoders[action.num] = make_encoder(fmt.codec, fmt.sample_rate, fmt.bitrate)
+        turn = Turn(
+            action.turn_id,
+            self._turn_settings(action.settings, encoder),
+            self.engine,
+            schedule=self.playout.schedule,
+            streaming=self.playout.streaming,
+            max_segment_tokens=self.playout.max_segment_tokens,
+            max_output_frames=self.playout.max_ahead_ms // FRAME_MS,
+        )
+        turn.start()
+        self._turns[action.num] = turn
+        self._order.put_nowait(action.num)
+
+    async def _cancel(self, action: CancelTurn) -> None:
+        """Stop the turn at once and drop what the transport still queues; then tell the
+        core what the listener heard, at once or after waiting for its own report."""
+        heard = self.heard(action.num)  # before the transport drops anything
+        self._drop(action.num)
+        self.transport.drop_turn(action.num)
+        if not action.sent_audio:
+            return
+        if action.wait_listener_ms <= 0:
+            await self.execute(self.core.stopped(action.num, heard.ms, heard.source))
+            return
+
+        async def fall_back() -> None:
+            await asyncio.sleep(action.wait_listener_ms / 1000)
+            with contextlib.suppress(ConnectionError):
+                await self.execute(self.core.stopped(action.num, heard.ms, heard.source))
+
+        task = asyncio.get_running_loop().create_task(fall_back())
+        self._waits.add(task)
+        task.add_done_callback(self._waits.discard)
+
+    def _turn_settings(self, s: Settings, encoder: Encoder) -> TurnSettings:
+        sp = s.sampling
+        return TurnSettings(
+            voice=self.engine.model.voices[s.voice],
+            sampling=SamplingParams(sp.temperature, sp.top_k, sp.top_p, sp.seed),
+            speed=s.speed,
+            frames=FrameFormat(encoder.sample_rate, encoder.tail_samples),
+            language=s.language,
+        )
+
+    def _drop(self, num: int) -> None:
+        """Stop a turn at once: no further frame of it is sent; its state is discarded."""
+        turn = self._turns.pop(num, None)
+        if turn is not None:
+            turn.close()
+        if self.playing_turn != num:
+            self._encoders.pop(num, None)
+        if self._playing is not None and self._playing[0] == num:
+            self._playing[1].cancel()
+
+    async def _play_turns(self) -> None:
+        while True:
+            num = await self._order.get()
+            turn = self._turns.get(num)
+            if turn is None:  # cancelled while queued
+                continue
+            task = asyncio.get_running_loop().create_task(
+                self._play(num, turn, self._encoders[num])
+            )
+            self._playing = (num, task)
+            await asyncio.wait({task})  # returns when done or cancelled, without raising
+            self._playing = None
+            self._playouts.pop(num, None)
+            self._encoders.pop(num, None)
+            self._turns.pop(num, None)
+            turn.close()
+
+    async def _play(self, num: int, turn: Turn, encoder: Encoder) -> None:
+        """Send the turn's frames on an absolute clock, `lead_ms` ahead of real time. The
+        sender owns the turn's encoder and encodes each frame only now, so a gain change
+        (ducking) applies from the next frame."""
+        lead = self.playout.lead_ms / 1000
+        start: float | None = None
+        seq = 0
+        try:
+            while True:
+                item = await turn.output.get()
+                if item is None:
+                    await self.execute(self.core.turn_done(num, self._timings(turn, start)))
+                    return
+                if isinstance(item, TurnFailed):
+                    code = ErrorCode(item.code)
+                    await self.execute(self.core.turn_failed(num, code, str(item)))
+                    return
+                now = time.monotonic()
+                if start is None:
+                    start = now
+                # Pace on an absolute clock: frame k is due at start + k*20ms - lead.
+                delay = start + seq * FRAME_MS / 1000 - lead - now
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                data = encoder.encode(item, self.gain)
+                level = loudness(item if self.gain == 1.0 else item * self.gain)
+                await self.execute(self.core.audio(num, encoder.codec, data, level))
+                seq += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a send failed (peer gone) or a bug: end this turn only
+            log.warning("playing turn %s failed: %s", turn.id, exc)
+            with contextlib.suppress(Exception):
+                await self.execute(self.core.turn_failed(num, ErrorCode.INTERNAL_ERROR, str(exc)))
+
+    @staticmethod
+    def _timings(turn: Turn, first_sent: float | None) -> dict[str, Any]:
+        st = turn.stats
+        ttfa = None if first_sent is None else (first_sent - st.created) * 1000
+        return {
+            "ttfa_ms": None if ttfa is None else round(ttfa, 1),
+            "audio_ms": round(st.audio_ms, 1),
+            "rtf": None if st.rtf is None else round(st.rtf, 4),
+            "tokens": st.tokens,
+            "prompt_tokens": st.prompt_tokens,
+            "cached_tokens": st.cached_tokens,
+            "chunks": st.chunks,
+        }
