@@ -1,0 +1,202 @@
+"""What the listener heard, from the listener: with `playback.reports` on, a cancel sends
+`audio.clear`, the client stops playing and reports its playout position, and
+`turn.cancelled` carries exactly that (`played_source: "listener"`). Checked with a real
+WebSocket client and a real aiortc peer, each modelling a player on its own clock, while
+two busy processes load this machine's two cores."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import connect, run
+from test_webrtc import SILENT_RMS, ClipTrack, Peer, open_peer, spoken  # noqa: F401 (fixture)
+
+from voiceagent.protocol import frames
+
+LONG = " ".join(["Your order shipped this morning and should arrive on Friday."] * 4)
+STOP_WITHIN_S = 0.15  # cancel sent -> the listener is silent
+
+
+@pytest.fixture
+def cpu_hog() -> Iterator[None]:
+    """Two busy processes: every core of this 2-core machine has other work."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    time.sleep(0.2)
+    try:
+        yield
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+
+
+@dataclass
+class Player:
+    """A listener's playout on the receiver's clock: a frame plays for 20 ms from when it
+    arrives or when the frame before it ends, whichever is later (a gap is an underrun)."""
+
+    ends: list[float] = field(default_factory=list)  # when each frame's playout ends
+
+    def arrived(self, at: float) -> None:
+        start = max(at, self.ends[-1]) if self.ends else at
+        self.ends.append(start + 0.02)
+
+    def played_ms(self, at: float) -> int:
+        """Milliseconds played by time `at`."""
+        return int(sum(min(max(at - (end - 0.02), 0.0), 0.02) for end in self.ends) * 1000)
+
+
+def test_websocket_cancel_reports_what_the_client_played_under_load(make_server, cpu_hog):
+    server = make_server()
+
+    async def go() -> tuple[dict[str, Any], int, float, float, list[float]]:
+        async with connect(server.url) as ws:
+            settings = {"format": {"codec": "pcm16"}, "playback": {"reports": True}}
+            await ws.send(json.dumps({"type": "session.start", **settings}))
+            await ws.send(json.dumps({"type": "speak", "text": LONG, "turn_id": "a"}))
+            player = Player()
+            arrivals: list[float] = []
+            cancel_at = clear_at = None
+            played = -1
+            next_report = 0.0
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), 60)
+                now = time.monotonic()
+                if isinstance(msg, bytes):
+                    arrivals.append(now)
+                    if clear_at is None:
+                        player.arrived(now)
+                    if player.ends and now > next_report and clear_at is None:
+                        # running reports, as the demo page sends them
+                        report = {"type": "playback", "turn_id": "a"}
+                        await ws.send(json.dumps({**report, "played_ms": player.played_ms(now)}))
+                        next_report = now + 0.1
+                    if cancel_at is None and player.played_ms(now) >= 1000:
+                        cancel_at = time.monotonic()
+                        await ws.send(json.dumps({"type": "cancel"}))
+                    continue
+                event = json.loads(msg)
+                if event["type"] == "audio.clear":
+                    clear_at = now  # stop playing here, and say how much was played
+                    played = player.played_ms(now)
+                    report = {"type": "playback", "turn_id": "a", "played_ms": played}
+                    await ws.send(json.dumps({**report, "stopped": True}))
+                elif event["type"] == "turn.cancelled":
+                    assert cancel_at is not None and clear_at is not None
+                    return event, played, cancel_at, clear_at, arrivals
+                else:
+                    assert event["type"] != "error", event
+
+    cancelled, played, cancel_at, clear_at, arrivals = run(go())
+    assert cancelled["played_source"] == "listener"
+    assert abs(cancelled["played_ms"] - played) <= 20, (cancelled, played)
+    assert 1000 <= played < cancelled["sent_ms"]
+    # The listener was told to stop within the bound, and the server sent no more audio.
+    assert clear_at - cancel_at < STOP_WITHIN_S, clear_at - cancel_at
+    assert all(t < cancel_at + STOP_WITHIN_S for t in arrivals)
+
+
+def test_websocket_without_reports_the_estimate_says_it_is_the_server_s(make_server):
+    server = make_server()
+
+    async def go() -> tuple[dict[str, Any], float]:
+        async with connect(server.url) as ws:
+            await ws.send(json.dumps({"type": "session.start"}))
+            await ws.send(json.dumps({"type": "speak", "text": LONG}))
+            first = None
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), 60)
+                if isinstance(msg, bytes):
+                    f = frames.unpack(msg)
+                    first = first or time.monotonic()
+                    if f.seq == 40:
+                        await ws.send(json.dumps({"type": "cancel"}))
+                elif json.loads(msg)["type"] == "turn.cancelled":
+                    return json.loads(msg), time.monotonic() - first
+
+    cancelled, elapsed = run(go())
+    assert cancelled["played_source"] == "server"
+    # the client plays from its first frame; the server cannot know the last few ms
+    assert 500 <= cancelled["played_ms"] <= min(cancelled["sent_ms"], elapsed * 1000 + 20)
+
+
+async def _played_peer(peer: Peer, turn_id: str, stop: asyncio.Event) -> None:
+    """The peer as a player: every frame its track delivers from the turn's first audible
+    one on is played (aiortc's jitter buffer already paces them); it reports every 100 ms
+    and stops at `audio.clear`."""
+    while not stop.is_set():
+        await asyncio.sleep(0.1)
+        loud = [i for i, f in enumerate(peer.frames) if f[1] > SILENT_RMS]
+        if loud:
+            played = (len(peer.frames) - loud[0]) * 20
+            peer.send({"type": "playback", "turn_id": turn_id, "played_ms": played})
+
+
+def test_webrtc_cancel_and_barge_in_report_what_the_peer_played_under_load(
+    make_server, spoken, cpu_hog
+):
+
+    server = make_server()
+    mic = ClipTrack(spoken, clip_at=None)
+
+    async def one_turn(peer: Peer, turn_id: str, barge_in: bool) -> tuple[Any, ...]:
+        peer.frames.clear()
+        peer.send({"type": "speak", "text": LONG, "turn_id": turn_id})
+        await peer.event(("turn.first_audio",), timeout=60)
+        stop = asyncio.Event()
+        reporter = asyncio.get_running_loop().create_task(_played_peer(peer, turn_id, stop))
+        while sum(f[1] > SILENT_RMS for f in peer.frames) < 40:  # ~0.8 s heard
+            await asyncio.sleep(0.01)
+        cancel_at = time.monotonic()
+        if barge_in:
+            mic.play_now()  # the person talks over the bot
+        else:
+            peer.send({"type": "cancel"})
+        clear = await peer.event(("audio.clear",), timeout=10)
+        clear_at = time.monotonic()
+        stop.set()
+        await reporter
+        loud = [i for i, f in enumerate(peer.frames) if f[1] > SILENT_RMS]
+        played = sum(1 for f in peer.frames[loud[0] :] if f[2] <= clear_at) * 20
+        report = {"type": "playback", "turn_id": turn_id, "played_ms": played}
+        peer.send({**report, "stopped": True})
+        cancelled = await peer.event(("turn.cancelled",), timeout=10)
+        await asyncio.sleep(0.5)
+        late = [f for f in peer.frames if f[2] > clear_at + 0.3]
+        return clear, cancelled, played, cancel_at, clear_at, late
+
+    async def go() -> list[tuple[Any, ...]]:
+        peer = await open_peer(server, mic)
+        try:
+            settings = {
+                "playback": {"reports": True, "timeout_ms": 2000},
+                "barge_in": {"mode": "cancel", "guard_ms": 300},
+            }
+            peer.send({"type": "session.start", **settings})
+            await peer.event(("session.created",))
+            return [await one_turn(peer, "a", False), await one_turn(peer, "b", True)]
+        finally:
+            await peer.close()
+
+    (clear, cancelled, played, cancel_at, clear_at, late), barged = run(go())
+    assert clear == {"type": "audio.clear", "turn_id": "a", "turn": 1}
+    assert cancelled["played_source"] == "listener" and cancelled["reason"] == "cancel"
+    assert abs(cancelled["played_ms"] - played) <= 20 and played >= 800
+    # the peer is told to stop (its playout is flushed) within the bound ...
+    assert clear_at - cancel_at < STOP_WITHIN_S, clear_at - cancel_at
+    # ... and the server's track carries silence soon after (its queue was dropped)
+    assert len(late) >= 5 and all(f[1] <= SILENT_RMS for f in late)
+
+    _, cancelled, played, *_ = barged
+    assert cancelled["reason"] == "barge_in" and cancelled["played_source"] == "listener"
+    assert abs(cancelled["played_ms"] - played) <= 20 and played >= 800
+    assert np.isfinite(played)
