@@ -78,6 +78,7 @@ const page = {
   mic: false,
   turns: new Map(), // turn_id -> record
   byNum: new Map(), // turn number -> turn_id (this session)
+  stoppedAt: new Map(), // turn number -> ms of it played when the page silenced it
   lastTurnId: null,
   nextTurn: 0,
   events: [], // recent event types, oldest first (audio.levels only counted)
@@ -117,6 +118,7 @@ async function connect(kind, allowFallback) {
   stopStreaming();
   clock.dropAll();
   page.byNum.clear();
+  page.stoppedAt.clear();
   page.session = null;
   page.mic = false;
   page.bufferedMs = null;
@@ -161,7 +163,14 @@ async function connect(kind, allowFallback) {
     return;
   }
   if (gen !== page.generation) return;
-  t.send({ type: "session.start", ...t.startSettings(false), barge_in: { mode: "off" } });
+  // playback.reports: the page says how much of a turn it played (every 250 ms, and once
+  // when it stops a turn on audio.clear), so cancels report what was really heard.
+  t.send({
+    type: "session.start",
+    ...t.startSettings(false),
+    barge_in: { mode: "off" },
+    playback: { reports: true },
+  });
 }
 
 function chooseTransport(kind) {
@@ -236,6 +245,13 @@ function onEvent(e) {
       renderTurn(rec);
       break;
     }
+    case "audio.clear": {
+      // Stop this turn now (if the page has not already) and say how much of it was heard.
+      silence([e.turn]);
+      const played = Math.round(page.stoppedAt.get(e.turn) ?? 0);
+      page.transport.send({ type: "playback", turn_id: e.turn_id, played_ms: played, stopped: true });
+      break;
+    }
     case "turn.cancelled": {
       silence([e.turn]);
       const rec = recordOf(e.turn);
@@ -245,6 +261,7 @@ function onEvent(e) {
           reason: e.reason || "cancel",
           sent_ms: e.sent_ms,
           played_ms: e.played_ms ?? null,
+          played_source: e.played_source ?? null,
         });
         renderTurn(rec);
       }
@@ -311,9 +328,26 @@ function onServerError(e) {
   }
 }
 
+/** The running playback report: how much of the turn playing now has been heard. */
+function reportPlayback() {
+  const t = page.transport;
+  if (!t || !page.session) return;
+  const now = performance.now();
+  const playing = clock.at(now);
+  const rec = playing && recordOf(playing.turn);
+  if (!rec || rec.status === "cancelled") return;
+  t.send({ type: "playback", turn_id: rec.turn_id, played_ms: Math.round(clock.playedMs(playing.turn, now)) });
+}
+setInterval(reportPlayback, 250);
+
 /** Stop showing and playing these turns at once (cancel, barge-in, failure). */
 function silence(nums) {
-  for (const n of nums) clock.drop(n);
+  const now = performance.now();
+  for (const n of nums) {
+    // where each turn stopped: the playback report that answers audio.clear
+    if (!page.stoppedAt.has(n)) page.stoppedAt.set(n, clock.playedMs(n, now));
+    clock.drop(n);
+  }
   if (page.transport) page.transport.flushTurns(nums);
 }
 
@@ -520,8 +554,19 @@ function tick(now) {
 
 function publicTurn(rec) {
   if (!rec) return null;
-  const { turn_id, turn, voice, status, ttfa_ms, ttfaEstimated, reason, played_ms, sent_ms } = rec;
-  return { turn_id, turn, voice, status, ttfa_ms, ttfa_estimated: !!ttfaEstimated, reason, played_ms, sent_ms };
+  const { turn_id, turn, voice, status, ttfa_ms, ttfaEstimated, reason, played_ms, played_source, sent_ms } = rec;
+  return {
+    turn_id,
+    turn,
+    voice,
+    status,
+    ttfa_ms,
+    ttfa_estimated: !!ttfaEstimated,
+    reason,
+    played_ms,
+    played_source,
+    sent_ms,
+  };
 }
 
 window.voiceagentDemo = Object.freeze({

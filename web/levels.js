@@ -82,6 +82,18 @@ export class LevelClock {
     return best;
   }
 
+  /** How much of the turn has played by `now` (ms of its audio), as far as anchors tell:
+   *  the playback reports the page sends to the server. */
+  playedMs(turn, now) {
+    const t = this.turns.get(turn);
+    if (!t) return 0;
+    let a = null;
+    for (const x of t.anchors) if (x.at <= now) a = x;
+    if (!a) return 0;
+    const ms = a.offset + Math.min(now - a.at, a.hold);
+    return Math.max(0, t.endMs === null ? ms : Math.min(ms, t.endMs));
+  }
+
   /** Forget turns whose audio ended (or went silent) a while ago. */
   prune(now, keepMs = 5000) {
     for (const [turn, t] of this.turns) {

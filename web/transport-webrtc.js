@@ -39,6 +39,8 @@ export class RtcTransport {
     this.jitterMs = null; // current jitter-buffer delay of the inbound audio
     this.lastStats = null;
     this.statsTimer = null;
+    this.unmuteTimer = null;
+    this.outGain = null; // mirrors the element's mute for the analyser
     this.closed = false;
   }
 
@@ -101,7 +103,9 @@ export class RtcTransport {
     this.audio.play().catch(() => {});
     // The analyser taps the same remote stream: what actually comes out.
     const source = this.ctx.createMediaStreamSource(stream);
-    source.connect(this.analyser);
+    this.outGain = this.ctx.createGain();
+    source.connect(this.outGain);
+    this.outGain.connect(this.analyser);
     this.remoteSource = source;
   }
 
@@ -116,6 +120,7 @@ export class RtcTransport {
     if (event.type === "audio.sync") {
       // This frame left the server's track now; it is heard after the jitter buffer.
       const at = performance.now() + this.delayMs();
+      if (this.unmuteTimer !== null) this.unmuteAt(at); // a new turn: heard unmuted
       this.hooks.onAnchor(event.turn, event.offset_ms, at, Infinity);
     }
     this.hooks.onEvent(event);
@@ -164,8 +169,24 @@ export class RtcTransport {
   }
 
   flushTurns() {
-    // The server drops the turn's queued frames from its track; the little left in the
-    // jitter buffer plays out. Nothing to flush here.
+    // The server drops the turn's queued frames from its track, but the jitter buffer
+    // still holds its tail (under load it grows past a second): mute the output until that
+    // has played out, so a cancel or barge-in is silent at once.
+    this.setMuted(true);
+    this.unmuteAt(performance.now() + this.delayMs() + 20);
+  }
+
+  setMuted(muted) {
+    this.audio.muted = muted;
+    if (this.outGain) this.outGain.gain.value = muted ? 0 : 1;
+  }
+
+  unmuteAt(at) {
+    clearTimeout(this.unmuteTimer);
+    this.unmuteTimer = setTimeout(() => {
+      this.unmuteTimer = null;
+      this.setMuted(false);
+    }, Math.max(0, at - performance.now()));
   }
 
   /** Microphone on or off; while on, the person's speech barges in with `mode`
@@ -206,6 +227,7 @@ export class RtcTransport {
     if (this.closed) return;
     this.closed = true;
     clearInterval(this.statsTimer);
+    clearTimeout(this.unmuteTimer);
     this.stopMic();
     if (this.channel) this.channel.close();
     if (this.pc) this.pc.close();
