@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import connect, run
-from test_webrtc import SILENT_RMS, ClipTrack, Peer, open_peer, spoken  # noqa: F401 (fixture)
+from test_webrtc import SILENT_RMS, ClipTrack, Peer, open_peer
+from test_webrtc import spoken as spoken_fixture  # noqa: F401 (the `spoken` fixture)
 
 from voiceagent.protocol import frames
 
@@ -142,11 +143,11 @@ async def _played_peer(peer: Peer, turn_id: str, stop: asyncio.Event) -> None:
 
 
 def test_webrtc_cancel_and_barge_in_report_what_the_peer_played_under_load(
-    make_server, spoken, cpu_hog
+    make_server, spoken_fixture, cpu_hog
 ):
 
     server = make_server()
-    mic = ClipTrack(spoken, clip_at=None)
+    mic = ClipTrack(spoken_fixture, clip_at=None)
 
     async def one_turn(peer: Peer, turn_id: str, barge_in: bool) -> tuple[Any, ...]:
         peer.frames.clear()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .audio.format import FRAME_MS, MODEL_RATE
 from .model import checkpoint
 from .model.checkpoint import CheckpointError
 from .model.speech_model import SpeechModel
@@ -66,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_ahead_ms=args.max_ahead_ms,
         ),
         voices_dir=voices_dir(args),
-        webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // 20)),
+        webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // FRAME_MS)),
         web_dir=Path(args.web) if args.web else DEFAULT_WEB_DIR,
     )
     log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
@@ -122,14 +123,14 @@ def _say(args: argparse.Namespace) -> int:
     finally:
         engine.stop()
     if out.suffix == ".wav":
-        write_wav(out, pcm, 24000)
+        write_wav(out, pcm, MODEL_RATE)
     else:
         with out.open("wb") as f:
             writer = OggOpusWriter(f, pre_skip=encoder.tail_samples)
             for packet in frames:
                 writer.write_packet(packet)
             writer.close(valid_samples48k=len(pcm) * 2)
-    print(f"wrote {out} ({len(pcm) / 24000:.2f} s of audio)")
+    print(f"wrote {out} ({len(pcm) / MODEL_RATE:.2f} s of audio)")
     return 0
 
 

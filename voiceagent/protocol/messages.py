@@ -15,11 +15,12 @@ from ..audio.format import (
     DEFAULT_OPUS_BITRATE,
     DEFAULT_RATES,
     OPUS_BITRATES,
+    PCM16_RATES,
 )
 from .errors import ErrorCode, ProtocolError
 
 LANGUAGES = ("auto", "en", "zh", "ja", "ko", "yue", "de", "fr", "es", "it", "ru")
-INPUT_RATES = (0, 8000, 16000, 24000, 48000)
+INPUT_RATES = (0, *PCM16_RATES)  # 0: no microphone
 
 
 @dataclass(frozen=True)

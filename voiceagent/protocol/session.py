@@ -5,9 +5,9 @@ pipeline and the transport go in (`audio`, `turn_done`, `turn_failed`, `speech`,
 `stopped`, `playback`), and actions come out: events and frames to send, turns to open,
 feed, end or cancel. The session runner executes the actions through a transport port.
 
-Turn states: open (taking text) -> closed (text ended, still synthesizing or playing)
--> finished (done, failed) or stopping (cancelled; waiting to learn how much the listener
-heard) -> cancelled. Turns play one after another, in order.
+The actions are in actions.py. Turn states: open (taking text) -> closed (text ended,
+still synthesizing or playing) -> finished (done, failed) or stopping (cancelled; waiting
+to learn how much the listener heard) -> cancelled. Turns play one after another.
 """
 
 from __future__ import annotations
@@ -16,6 +16,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..audio.format import FRAME_MS
+from .actions import (
+    Action,
+    AppendText,
+    CancelTurn,
+    EndText,
+    FlushText,
+    ListenerPlayed,
+    MicAudio,
+    OpenTurn,
+    SendAudio,
+    SendEvent,
+    SetGain,
+)
 from .errors import ErrorCode, ProtocolError
 from .messages import (
     Cancel,
@@ -49,97 +62,6 @@ class Catalog:
     model: dict[str, Any]
     default_voice: str
 
-
-# -- actions ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SendEvent:
-    event: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SendAudio:
-    """One encoded 20 ms frame of turn `num`: the `seq`-th, `pts_ms` into the turn."""
-
-    num: int
-    seq: int
-    pts_ms: int
-    codec: str
-    payload: bytes
-
-
-@dataclass(frozen=True)
-class OpenTurn:
-    num: int
-    turn_id: str
-    settings: Settings
-
-
-@dataclass(frozen=True)
-class AppendText:
-    num: int
-    text: str
-
-
-@dataclass(frozen=True)
-class EndText:
-    num: int
-
-
-@dataclass(frozen=True)
-class FlushText:
-    """Synthesize the text buffered so far without waiting for a sentence end."""
-
-    num: int
-
-
-@dataclass(frozen=True)
-class CancelTurn:
-    """Stop turn `num` now and drop its queued audio. If it had sent audio, the runner then
-    tells `SessionCore.stopped` how much the listener heard — after waiting up to
-    `wait_listener_ms` for the listener's own report (`playback` with `stopped`)."""
-
-    num: int
-    sent_audio: bool = False
-    wait_listener_ms: int = 0
-
-
-@dataclass(frozen=True)
-class ListenerPlayed:
-    """The listener reports having played `played_ms` of turn `num` (just now)."""
-
-    num: int
-    played_ms: int
-
-
-@dataclass(frozen=True)
-class MicAudio:
-    """PCM16 mono microphone audio from the client, for voice activity detection."""
-
-    pcm: bytes
-    sample_rate: int
-
-
-@dataclass(frozen=True)
-class SetGain:
-    """Scale the session's outgoing audio from the next frame on (duck mode)."""
-
-    gain: float
-
-
-Action = (
-    SendEvent
-    | SendAudio
-    | OpenTurn
-    | AppendText
-    | FlushText
-    | EndText
-    | CancelTurn
-    | ListenerPlayed
-    | MicAudio
-    | SetGain
-)
 
 # Loudness of this many frames goes out in one `audio.levels` event (100 ms at 20 ms).
 LEVELS_PER_EVENT = 5
