@@ -127,7 +127,7 @@ def _num(x: float) -> str:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("voice", str, "voice (role) of new turns; one of `voices`"),
+    Setting("voice", str, "voice (role) of new turns"),
     Setting("language", str, "text normalization (numbers, symbols)", LANGUAGES),
     Setting("speed", float, "speaking rate", lo=0.5, hi=2.0),
     Setting("sampling.temperature", float, "LM sampling temperature", lo=0.0, hi=2.0),
@@ -331,3 +331,21 @@ def check_voice(voice: str, voices: set[str]) -> None:
             ErrorCode.UNKNOWN_VOICE,
             f"unknown voice '{voice[:64]}'; available: {', '.join(sorted(voices))}",
         )
+
+
+def settings_table() -> str:
+    """The settings table of docs/protocol.md, from SETTINGS (a test keeps them equal)."""
+    rows = ["| key | type | allowed | default | meaning |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        if s.key == "voice":
+            allowed = "a name in `voices`"
+        elif s.choices:
+            allowed = ", ".join(f"`{json.dumps(c)}`" for c in s.choices)
+        elif s.lo is not None and s.hi is not None:
+            allowed = f"{_num(s.lo)} to {_num(s.hi)}"
+        else:
+            allowed = "true, false" if s.kind is bool else "any"
+        default = json.dumps(s.default) if s.key != "voice" else "the model's first voice"
+        kind = {str: "string", int: "integer", float: "number", bool: "boolean"}[s.kind]
+        rows.append(f"| `{s.key}` | {kind} | {allowed} | {default} | {s.doc} |")
+    return "\n".join(rows) + "\n"
