@@ -444,10 +444,13 @@ def test_barge_in_cancels_the_playing_turn(make_server, spoken):
     # jitter buffer, and speech that starts unvoiced ("Hello"); `voiceagent bench
     # --scenario webrtc` measures it (about 140 ms on an idle 2-core machine).
     assert 60 < latency_ms < 600, latency_ms
-    # played_ms is what the receiver got of the turn, within one frame
+    # Without the listener's reports played_ms is the server's estimate (what its track
+    # emitted), short of what the receiver got by what was in flight: a few frames on a
+    # busy machine. With reports it is exact (test_played_position.py).
+    assert cancelled["played_source"] == "server"
     heard = [i for i, f in enumerate(peer.frames) if f[1] > SILENT_RMS]
     heard_ms = (heard[-1] - heard[0] + 1) * 20
-    assert abs(cancelled["played_ms"] - heard_ms) <= 20, (cancelled["played_ms"], heard_ms)
+    assert -20 <= heard_ms - cancelled["played_ms"] <= 100, (cancelled["played_ms"], heard_ms)
 
 
 def test_an_offer_never_completed_times_out(make_server):
