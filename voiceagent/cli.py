@@ -1,4 +1,4 @@
-"""Command line: `voiceagent serve | say | bench | make-tiny`."""
+"""Streaming TTS server and tools; `voiceagent COMMAND --help` lists a command's flags."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="run the WebSocket server on the embedded engine")
+    s = sub.add_parser("serve", help="run the server (WebSocket, WebRTC, /health, web page)")
     s.add_argument("--model", help="model directory (default: the random-weight tiny model)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_say)
 
-    s = sub.add_parser("bench", help="TTFA and RTF over real WebSocket, streaming vs baseline")
+    s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
         choices=["ws", "webrtc", "cutoff", "chunk-cost"],
@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 
-    s = sub.add_parser("voice", help="manage voices")
+    s = sub.add_parser("voice", help="manage voices (voice add: one from a short clip)")
     vsub = s.add_subparsers(dest="voice_command", required=True)
     s = vsub.add_parser("add", help="make a voice from a few seconds of reference audio")
     s.add_argument("name")
