@@ -26,7 +26,7 @@ import pytest
 import voiceagent
 from voiceagent.cli import build_parser
 from voiceagent.protocol.errors import CloseCode, ErrorCode
-from voiceagent.protocol.messages import Settings
+from voiceagent.protocol.messages import Settings, settings_table
 from voiceagent.server.background import BackgroundServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,12 +212,6 @@ def _code_settings() -> dict[str, Any]:
     return flat
 
 
-# Settings whose default is not a constant: the code holds a placeholder that the
-# server fills in per session, and the docs describe the value in words.
-DESCRIBED_DEFAULTS = {"voice": ""}  # the model's first voice
-
-TYPE_NAMES = {int: "integer", float: "number", str: "string"}
-
 
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, str | None]:
     """Every command, nested ones as `voice add`, with its help text."""
@@ -344,50 +338,19 @@ def test_the_transport_close_codes_are_what_a_real_server_sends(server: Backgrou
 # -- (c) settings -----------------------------------------------------------------------
 
 
-def _settings_tables() -> list[Table]:
-    tables = [
-        t
-        for t in _tables(PROTOCOL)
-        if t.header and t.header[0] == "setting" and "default" in t.header
-    ]
-    assert tables, "protocol.md has no settings table (first column 'setting')"
-    return tables
-
-
-def test_the_settings_tables_list_exactly_the_settings() -> None:
-    keys = [_key(row[0], t) for t in _settings_tables() for row in t.rows]
-    duplicates = sorted({k for k in keys if keys.count(k) > 1})
-    assert not duplicates, f"settings documented twice: {duplicates}"
-    code = _code_settings()
-    assert set(keys) == set(code), _differ(
-        "settings (protocol.md vs Settings)", set(keys), set(code)
+def test_the_settings_table_is_the_one_the_code_describes() -> None:
+    """protocol.md holds exactly the table generated from SETTINGS, which also validates
+    the settings and gives `session.created` its defaults."""
+    table = settings_table()
+    doc = PROTOCOL.read_text()
+    assert table in doc, (
+        "protocol.md's settings table is not the one SETTINGS describes; replace it with:\n" + table
     )
-
-
-def test_the_documented_setting_defaults_and_types_are_the_codes() -> None:
-    code = _code_settings()
-    wrong: list[str] = []
-    for table in _settings_tables():
-        default = table.column("default")
-        kind = table.column("type")
-        for row in table.rows:
-            key = _key(row[0], table)
-            if key not in code:
-                continue  # reported by the test above
-            value = code[key]
-            is_literal, documented = _literal(row[default])
-            if not is_literal:
-                if DESCRIBED_DEFAULTS.get(key, object()) != value:
-                    wrong.append(
-                        f"{key}: default '{row[default]}' is not a `literal`; code: {value!r}"
-                    )
-            elif documented != value or type(documented) is not type(value):
-                wrong.append(f"{key}: documented default {documented!r}, code: {value!r}")
-            if row[kind] != TYPE_NAMES[type(value)]:
-                wrong.append(
-                    f"{key}: documented type '{row[kind]}', code: {TYPE_NAMES[type(value)]}"
-                )
-    assert not wrong, "settings that differ (protocol.md vs Settings()):\n" + "\n".join(wrong)
+    assert doc.count("| key | type | allowed | default | meaning |") == 1
+    documented = {row.split("`")[1] for row in table.splitlines()[2:]}
+    assert documented == set(_code_settings()), _differ(
+        "settings (SETTINGS vs Settings())", documented, set(_code_settings())
+    )
 
 
 # -- (d) CLI commands -------------------------------------------------------------------

@@ -127,33 +127,50 @@ def _num(x: float) -> str:
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("voice", str, "voice (role) of new turns"),
-    Setting("language", str, "text normalization (numbers, symbols)", LANGUAGES),
-    Setting("speed", float, "speaking rate", lo=0.5, hi=2.0),
-    Setting("sampling.temperature", float, "LM sampling temperature", lo=0.0, hi=2.0),
-    Setting("sampling.top_k", int, "LM top-k (0: off)", lo=0, hi=1000),
-    Setting("sampling.top_p", float, "LM nucleus sampling", lo=0.01, hi=1.0),
-    Setting("sampling.seed", int, "per-turn seed: same text, same audio", lo=0, hi=2**31 - 1),
-    Setting("format.codec", str, "codec of audio frames", CODECS),
+    Setting("voice", str, "voice (role) of turns that open from now on"),
+    Setting("language", str, "text normalization before tokenizing (see below)", LANGUAGES),
+    Setting("speed", float, "speaking rate; 2.0 is twice as fast", lo=0.5, hi=2.0),
+    Setting("sampling.temperature", float, "0 always picks the likeliest token", lo=0, hi=2),
+    Setting("sampling.top_k", int, "0 turns top-k off", lo=0, hi=1000),
+    Setting("sampling.top_p", float, "1.0 turns top-p off", lo=0.01, hi=1.0),
+    Setting("sampling.seed", int, "same text and seed, same audio", lo=0, hi=2**31 - 1),
+    Setting("format.codec", str, "codec of the binary audio frames", CODECS),
     Setting(
         "format.sample_rate",
         int,
-        "output rate: opus 48000; pcm16 8000, 16000, 24000 or 48000 (default 24000); "
-        "mulaw 8000. Changing the codec alone picks its default rate",
+        "opus: 48000; pcm16: any listed (its default 24000); mulaw: 8000. It follows the "
+        "codec: see below",
         tuple(sorted({r for rates in CODEC_RATES.values() for r in rates})),
     ),
+    Setting("format.bitrate", int, "bit/s, used only by Opus", lo=6000, hi=510000),
     Setting(
-        "format.bitrate", int, "Opus bit rate (bit/s)", lo=OPUS_BITRATES[0], hi=OPUS_BITRATES[1]
+        "input.sample_rate", int, "microphone PCM16 rate; 0: no microphone (WebSocket)", INPUT_RATES
     ),
-    Setting("input.sample_rate", int, "microphone PCM16 rate; 0: no microphone", INPUT_RATES),
-    Setting("input.vad_aggressiveness", int, "webrtcvad mode (3: least speech)", lo=0, hi=3),
-    Setting("input.min_speech_ms", int, "voiced audio before speech_started", lo=20, hi=2000),
-    Setting("input.hangover_ms", int, "silence before speech_stopped", lo=20, hi=5000),
-    Setting("barge_in.mode", str, "what the person's speech does", ("off", "cancel", "duck")),
-    Setting("barge_in.guard_ms", int, "no barge-in this early in a turn", lo=0, hi=5000),
-    Setting("barge_in.duck_gain", float, "output gain while ducked", lo=0.0, hi=1.0),
-    Setting("playback.reports", bool, "the client sends `playback` reports; a cancel waits"),
-    Setting("playback.timeout_ms", int, "longest wait for the final report", lo=0, hi=5000),
+    Setting("input.vad_aggressiveness", int, "0 lenient … 3 strict", lo=0, hi=3),
+    Setting("input.min_speech_ms", int, "voiced audio needed for `speech_started`", lo=20, hi=2000),
+    Setting("input.hangover_ms", int, "silence needed for `speech_stopped`", lo=20, hi=5000),
+    Setting(
+        "barge_in.mode",
+        str,
+        "`off`: speech is only reported; `cancel`: its onset cancels the live turns; "
+        "`duck`: its onset lowers the bot's volume until the speech stops",
+        ("off", "cancel", "duck"),
+    ),
+    Setting(
+        "barge_in.guard_ms",
+        int,
+        "no barge-in before the listener has heard this much of the turn (its own echo)",
+        lo=0,
+        hi=5000,
+    ),
+    Setting("barge_in.duck_gain", float, "output gain while ducked (0.25 is −12 dB)", lo=0, hi=1),
+    Setting(
+        "playback.reports",
+        bool,
+        "the client sends `playback` reports; a cancel sends `audio.clear` and waits for the "
+        "client's final one",
+    ),
+    Setting("playback.timeout_ms", int, "longest wait for that report", lo=0, hi=5000),
 )
 SETTING = {s.key: s for s in SETTINGS}
 
@@ -345,7 +362,7 @@ def settings_table() -> str:
             allowed = f"{_num(s.lo)} to {_num(s.hi)}"
         else:
             allowed = "true, false" if s.kind is bool else "any"
-        default = json.dumps(s.default) if s.key != "voice" else "the model's first voice"
+        default = f"`{json.dumps(s.default)}`" if s.key != "voice" else "the model's first voice"
         kind = {str: "string", int: "integer", float: "number", bool: "boolean"}[s.kind]
         rows.append(f"| `{s.key}` | {kind} | {allowed} | {default} | {s.doc} |")
     return "\n".join(rows) + "\n"
