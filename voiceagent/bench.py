@@ -24,7 +24,7 @@ from typing import Any
 import websockets
 
 from .engine.embedded import LMBackend
-from .engine.sglang_lm import SGLangLM
+from .engine.sglang.client import SGLangLM
 from .model.speech_model import SpeechModel
 from .server.app import ServerConfig
 from .server.background import BackgroundServer, free_port

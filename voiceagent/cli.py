@@ -43,7 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device)
     lm = None
     if args.engine == "sglang":
-        from .engine.sglang_lm import SGLangLM
+        from .engine.sglang.client import SGLangLM
 
         if not args.sglang_url or not args.sglang_export:
             print("error: --engine sglang needs --sglang-url and --sglang-export", file=sys.stderr)
@@ -179,7 +179,7 @@ def _voice_add(args: argparse.Namespace) -> int:
 
 
 def _export_sglang(args: argparse.Namespace) -> int:
-    from .engine.sglang_export import export_sglang
+    from .engine.sglang.export import export_sglang
 
     meta = export_sglang(load_model(args.model, "cpu"), Path(args.out))
     print(
