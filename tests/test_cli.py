@@ -14,8 +14,8 @@ import wave
 
 import av
 import pytest
-from conftest import Client, connect
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
 from voiceagent.server.background import free_port
 

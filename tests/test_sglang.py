@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Client, connect, run
+from conftest import run
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.engine.sglang.client import SGLangLM
 from voiceagent.engine.sglang.export import META, export_sglang

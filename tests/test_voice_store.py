@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 import torch
-from conftest import Client, connect, run
+from conftest import run
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
 from voiceagent.model.speech_model import Voice
 from voiceagent.model.voice_store import check_name, load_voice, load_voices, save_voice

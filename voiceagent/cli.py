@@ -11,23 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from .model import checkpoint
-from .model.checkpoint import CheckpointError
-from .model.speech_model import SpeechModel
+from .model.checkpoint import CheckpointError, load_model
 
 log = logging.getLogger("voiceagent")
-
-
-def load_model(path: str | None, device: str = "auto") -> SpeechModel:
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    directory = checkpoint.ensure_tiny() if path is None else Path(path)
-    model = checkpoint.load(directory, device=device)
-    log.info("model '%s' on %s", model.name, device)
-    if model.warning:
-        log.warning("%s", model.warning)
-    return model
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -175,3 +175,16 @@ def ensure_tiny(directory: Path | None = None) -> Path:
     if not all((directory / f).is_file() for f in FILES):
         save(build_random(), directory)
     return directory
+
+
+def load_model(path: str | None, device: str = "auto") -> SpeechModel:
+    """The model directory at `path` (None: the tiny model, written once) on `device`
+    ("auto": cuda if present); a random-weight model says so in the log."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    directory = ensure_tiny() if path is None else Path(path)
+    model = load(directory, device=device)
+    log.info("model '%s' on %s", model.name, device)
+    if model.warning:
+        log.warning("%s", model.warning)
+    return model
