@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from voiceagent.model import checkpoint
-from voiceagent.model.checkpoint import SpeechModel
+from voiceagent.model.speech_model import SpeechModel
+from voiceagent.model.tiny import checkpoint as tiny
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
 
@@ -23,7 +24,7 @@ from voiceagent.server.background import BackgroundServer, free_port
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny")
-    checkpoint.save(checkpoint.build_random(seed=0), directory)
+    tiny.save(tiny.build_random(seed=0), directory)
     return directory
 
 

@@ -17,8 +17,8 @@ from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
 from voiceagent.audio.decode import decode_audio, load_audio
 from voiceagent.audio.features import prompt_mel, whisper_log_mel
 from voiceagent.bench.clips import espeak_wav, have_espeak
+from voiceagent.model.contract import Voice
 from voiceagent.model.cosyvoice2.prompt_frontend import PromptFrontend
-from voiceagent.model.speech_model import Voice
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it rests for a while."
 

@@ -10,7 +10,7 @@ from conftest import run
 
 from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
-from voiceagent.model.speech_model import Voice
+from voiceagent.model.contract import Voice
 from voiceagent.model.voice_store import check_name, load_voice, load_voices, save_voice
 
 

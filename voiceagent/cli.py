@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .model import checkpoint
 from .model.checkpoint import CheckpointError, load_model
+from .model.tiny import checkpoint as tiny
 
 log = logging.getLogger("voiceagent")
 
@@ -124,13 +124,13 @@ def voices_dir(args: argparse.Namespace) -> Path:
     """Where `voice add` writes and `serve` reads added voices."""
     if args.voices:
         return Path(args.voices)
-    base = Path(args.model) if args.model else checkpoint.default_tiny_dir()
+    base = Path(args.model) if args.model else tiny.default_tiny_dir()
     return base / "voices"
 
 
 def _voice_add(args: argparse.Namespace) -> int:
+    from .model.contract import Voice
     from .model.cosyvoice2.prompt_frontend import PromptFrontend
-    from .model.speech_model import Voice
     from .model.voice_store import check_name, save_voice
 
     try:
@@ -176,7 +176,7 @@ def _export_sglang(args: argparse.Namespace) -> int:
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    checkpoint.save(checkpoint.build_random(seed=args.seed), Path(args.directory))
+    tiny.save(tiny.build_random(seed=args.seed), Path(args.directory))
     print(f"wrote a random-weight tiny checkpoint to {args.directory}")
     return 0
 

@@ -23,8 +23,9 @@ from typing import Any
 import httpx
 import torch
 
+from ...model.contract import Voice
 from ...model.sampling import SamplingParams
-from ...model.speech_model import SpeechModel, Voice
+from ...model.speech_model import SpeechModel
 from ..lm_engine import EngineError, EngineUnavailable, TokenStream
 from .export import META, logit_bias, prompt_ids
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ...model.config import STOP_TOKENS
+from ...model.contract import STOP_TOKENS
 from ...model.speech_model import SpeechModel
 
 SPEECH_LIFT = 1000.0

@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..speech_model import VocoderStage
-from ..streaming import State
+from ..contract import State, VocoderStage
 
 _F0_CONVS = 5  # the F0 predictor: five k=3 convs, one frame each way
 _NOISE_PERIOD = 1 << 17  # noise table length in samples (~5.5 s at 24 kHz)
