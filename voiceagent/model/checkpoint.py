@@ -14,7 +14,9 @@ from .weights import CheckpointError
 
 __all__ = ["CheckpointError", "SpeechModel", "load", "load_model"]
 
-log = logging.getLogger(__name__)
+# load_model's lines were the command line's and keep its logger name ("voiceagent: model
+# 'tiny' on cpu", as docs/operations.md shows them)
+cli_log = logging.getLogger("voiceagent")
 
 
 def load(directory: Path, device: str = "cpu") -> SpeechModel:
@@ -36,7 +38,7 @@ def load_model(path: str | None, device: str = "auto") -> SpeechModel:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     directory = ensure_tiny() if path is None else Path(path)
     model = load(directory, device=device)
-    log.info("model '%s' on %s", model.name, device)
+    cli_log.info("model '%s' on %s", model.name, device)
     if model.warning:
-        log.warning("%s", model.warning)
+        cli_log.warning("%s", model.warning)
     return model
