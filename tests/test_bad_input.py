@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 import websockets
-from conftest import Client, TurnResult, connect, run
+from conftest import run
 
+from voiceagent.bench.clients import Client, TurnResult, connect
 from voiceagent.model.checkpoint import SpeechModel
 from voiceagent.protocol.errors import CloseCode
 from voiceagent.protocol.session import Limits

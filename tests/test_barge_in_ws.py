@@ -5,31 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
-import wave
 
 import numpy as np
 import pytest
-from conftest import Client, connect, run
+from conftest import run
 
-from voiceagent.audio.resample import StreamResampler
+from voiceagent.bench.clients import Client, connect
+from voiceagent.bench.clips import espeak_pcm, have_espeak
 
 pytestmark = pytest.mark.skipif(
-    shutil.which("espeak-ng") is None,
+    not have_espeak(),
     reason="espeak-ng is not installed (apt-get install espeak-ng)",
 )
 
 
 def speech_16k(tmp_path) -> bytes:
-    wav = tmp_path / "me.wav"
-    subprocess.run(["espeak-ng", "-w", str(wav), "Wait, stop, I have a question."], check=True)
-    with wave.open(str(wav)) as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
-    r = StreamResampler(rate, 16000)
-    out = np.concatenate([r.process(pcm), r.flush()])
+    out, _ = espeak_pcm("Wait, stop, I have a question.", 16000)
     return (np.clip(out, -1, 1) * 32767).astype("<i2").tobytes()
 
 

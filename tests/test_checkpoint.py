@@ -12,12 +12,14 @@ import torch
 
 from voiceagent.model import checkpoint
 from voiceagent.model.checkpoint import CheckpointError
-from voiceagent.model.config import LMConfig, ModelConfig
+from voiceagent.model.lm import LMConfig
+from voiceagent.model.tiny import checkpoint as tiny
+from voiceagent.model.tiny.config import ModelConfig
 
 
 def test_saved_model_loads_with_every_key_and_the_same_output(tmp_path, tiny_model):
-    original = checkpoint.build_random(seed=7)
-    checkpoint.save(original, tmp_path)
+    original = tiny.build_random(seed=7)
+    tiny.save(original, tmp_path)
     loaded = checkpoint.load(tmp_path)
     for a, b in (
         (original.lm, loaded.lm),
@@ -51,7 +53,7 @@ def test_lm_keys_follow_the_cosyvoice2_layout(tiny_model):
         assert key in keys
 
 
-@pytest.mark.parametrize("missing", checkpoint.FILES)
+@pytest.mark.parametrize("missing", tiny.FILES)
 def test_a_missing_file_is_named(tmp_path, tiny_dir, missing):
     shutil.copytree(tiny_dir, tmp_path / "m")
     (tmp_path / "m" / missing).unlink()

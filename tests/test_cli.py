@@ -14,9 +14,9 @@ import wave
 
 import av
 import pytest
-from conftest import Client, connect
 
-from voiceagent.model import checkpoint
+from voiceagent.bench.clients import Client, connect
+from voiceagent.model.tiny import checkpoint as tiny
 from voiceagent.server.background import free_port
 
 CLI = [sys.executable, "-m", "voiceagent.cli"]
@@ -98,7 +98,7 @@ def test_serve_without_a_model_serves_tiny_and_says_it_is_noise(tmp_path):
         created, turn = asyncio.run(talk())
         assert "noise" in created["model"]["warning"]
         assert turn.frames and turn.event("turn.done")
-        tiny_name = checkpoint.default_tiny_dir().name
+        tiny_name = tiny.default_tiny_dir().name
         assert (tmp_path / ".cache" / "voiceagent" / tiny_name / "llm.pt").is_file()
     finally:
         proc.send_signal(signal.SIGINT)

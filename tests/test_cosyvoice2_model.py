@@ -17,9 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import Client, connect, run
+from conftest import run
 from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
 
+from voiceagent.bench.clients import Client, connect
+from voiceagent.bench.clips import espeak_wav, have_espeak
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.model import checkpoint
 from voiceagent.model.checkpoint import CheckpointError
@@ -150,11 +152,9 @@ def test_voice_add_makes_a_voice_the_model_accepts(tmp_path, cv2_dir):
     write_fake_campplus(copy / "campplus.onnx")
     write_fake_speech_tokenizer(copy / "speech_tokenizer_v2.onnx")
     clip = tmp_path / "clip.wav"
-    if shutil.which("espeak-ng") is None:
+    if not have_espeak():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    subprocess.run(
-        ["espeak-ng", "-w", str(clip), "Thanks for calling, how can I help?"], check=True
-    )
+    espeak_wav(clip, "Thanks for calling, how can I help?")
     proc = subprocess.run(
         [
             sys.executable,

@@ -212,7 +212,6 @@ def _code_settings() -> dict[str, Any]:
     return flat
 
 
-
 def _commands(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, str | None]:
     """Every command, nested ones as `voice add`, with its help text."""
     found: dict[str, str | None] = {}

@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import connect, run
-from test_webrtc import SILENT_RMS, ClipTrack, Peer, open_peer
-from test_webrtc import spoken as spoken_fixture  # noqa: F401 (the `spoken` fixture)
+from conftest import run
+from test_webrtc import SILENT_RMS
 
+from voiceagent.bench.clients import MicTrack, Peer, connect, open_peer
 from voiceagent.protocol import frames
 
 LONG = " ".join(["Your order shipped this morning and should arrive on Friday."] * 4)
@@ -143,11 +143,11 @@ async def _played_peer(peer: Peer, turn_id: str, stop: asyncio.Event) -> None:
 
 
 def test_webrtc_cancel_and_barge_in_report_what_the_peer_played_under_load(
-    make_server, spoken_fixture, cpu_hog
+    make_server, spoken, cpu_hog
 ):
 
     server = make_server()
-    mic = ClipTrack(spoken_fixture, clip_at=None)
+    mic = MicTrack(spoken, clip_at=None)
 
     async def one_turn(peer: Peer, turn_id: str, barge_in: bool) -> tuple[Any, ...]:
         peer.frames.clear()
@@ -176,7 +176,7 @@ def test_webrtc_cancel_and_barge_in_report_what_the_peer_played_under_load(
         return clear, cancelled, played, cancel_at, clear_at, late
 
     async def go() -> list[tuple[Any, ...]]:
-        peer = await open_peer(server, mic)
+        peer = await open_peer(server.http, mic)
         try:
             settings = {
                 "playback": {"reports": True, "timeout_ms": 2000},

@@ -4,8 +4,6 @@ released files' interface (tests/onnx_fakes.py), and audio decoding."""
 from __future__ import annotations
 
 import io
-import shutil
-import subprocess
 import wave
 from pathlib import Path
 
@@ -18,8 +16,9 @@ from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
 
 from voiceagent.audio.decode import decode_audio, load_audio
 from voiceagent.audio.features import prompt_mel, whisper_log_mel
+from voiceagent.bench.clips import espeak_wav, have_espeak
+from voiceagent.model.contract import Voice
 from voiceagent.model.cosyvoice2.prompt_frontend import PromptFrontend
-from voiceagent.model.speech_model import Voice
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it rests for a while."
 
@@ -59,11 +58,9 @@ def frontend(onnx_dir: Path) -> PromptFrontend:
 
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("espeak-ng") is None:
+    if not have_espeak():
         pytest.skip("espeak-ng is not installed (Debian package espeak-ng): no speech to test on")
-    path = tmp_path_factory.mktemp("speech") / "clip.wav"
-    subprocess.run(["espeak-ng", "-w", str(path), TEXT], check=True, capture_output=True)
-    return path
+    return espeak_wav(tmp_path_factory.mktemp("speech") / "clip.wav", TEXT)
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +137,7 @@ def test_speaker_embedding_depends_on_the_voice(
     frontend: PromptFrontend, speech: Path, tmp_path: Path
 ) -> None:
     other = tmp_path / "other_voice.wav"
-    subprocess.run(["espeak-ng", "-v", "en+f3", "-p", "80", "-w", str(other), TEXT], check=True)
+    espeak_wav(other, TEXT, ("-v", "en+f3", "-p", "80"))
     a = frontend.speaker_embedding(load_audio(speech, 16000))
     b = frontend.speaker_embedding(load_audio(other, 16000))
     again = frontend.speaker_embedding(load_audio(speech, 16000))

@@ -2,7 +2,7 @@
 
 import torch
 
-from voiceagent.model.config import EOS_TOKEN, SPEECH_CODES
+from voiceagent.model.contract import EOS_TOKEN, SPEECH_CODES
 from voiceagent.model.sampling import SamplingParams, sample_token
 
 V = SPEECH_CODES + 3

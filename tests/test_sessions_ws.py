@@ -9,8 +9,9 @@ import urllib.request
 
 import numpy as np
 import opuslib
-from conftest import Client, connect, run
+from conftest import run
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.model.checkpoint import SpeechModel
 from voiceagent.model.sampling import SamplingParams

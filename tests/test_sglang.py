@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import Client, connect, run
+from conftest import run
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.engine.embedded import EmbeddedEngine
-from voiceagent.engine.sglang_export import META, export_sglang
-from voiceagent.engine.sglang_lm import SGLangLM
+from voiceagent.engine.sglang.client import SGLangLM
+from voiceagent.engine.sglang.export import META, export_sglang
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.server.app import ServerConfig

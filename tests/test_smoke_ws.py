@@ -1,5 +1,7 @@
 import httpx
-from conftest import Client, connect, run
+from conftest import run
+
+from voiceagent.bench.clients import Client, connect
 
 
 def test_speak_over_websocket_returns_opus_frames(server):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from voiceagent.engine.embedded import EmbeddedEngine
-from voiceagent.model.flow import PAD_TOKEN
+from voiceagent.model.contract import PAD_TOKEN
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.stretch import MelStretcher

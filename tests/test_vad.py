@@ -4,32 +4,22 @@ chunking and aggressiveness. webrtcvad calls white noise speech, so speech here 
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import wave
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from voiceagent.audio.vad import VoiceActivity
+from voiceagent.bench.clips import espeak_pcm, have_espeak
 
 SENTENCE = "Your order shipped this morning and will arrive on Tuesday"
 PAD_S = 1.0
 
 
 @pytest.fixture(scope="module")
-def speech(tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, int]:
+def speech() -> tuple[np.ndarray, int]:
     """espeak-ng speech (float32 mono, its native 22050 Hz), no padding."""
-    if shutil.which("espeak-ng") is None:
+    if not have_espeak():
         pytest.skip("espeak-ng is not installed: no real speech to detect")
-    path = Path(tmp_path_factory.mktemp("vad")) / "speech.wav"
-    subprocess.run(["espeak-ng", "-w", str(path), SENTENCE], check=True, timeout=30)
-    with wave.open(str(path)) as w:
-        assert w.getnchannels() == 1 and w.getsampwidth() == 2
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
-    return pcm, rate
+    return espeak_pcm(SENTENCE)
 
 
 def padded(pcm: np.ndarray, rate: int) -> np.ndarray:

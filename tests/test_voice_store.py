@@ -6,10 +6,11 @@ import asyncio
 
 import pytest
 import torch
-from conftest import Client, connect, run
+from conftest import run
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
-from voiceagent.model.speech_model import Voice
+from voiceagent.model.contract import Voice
 from voiceagent.model.voice_store import check_name, load_voice, load_voices, save_voice
 
 

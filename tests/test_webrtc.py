@@ -5,33 +5,19 @@ the shared session limit and cleanup."""
 from __future__ import annotations
 
 import asyncio
-import fractions
 import itertools
 import json
-import shutil
-import subprocess
 import time
-import wave
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from aiortc import (
-    MediaStreamTrack,
-    RTCConfiguration,
-    RTCDataChannel,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
-from aiortc.mediastreams import MediaStreamError
-from av import AudioFrame
-from conftest import Client, connect, run
+from aiortc import RTCConfiguration, RTCPeerConnection
+from conftest import run
 
-from voiceagent.audio.resample import StreamResampler
-from voiceagent.transport.webrtc import FRAME_BYTES, OutboundAudioTrack, WebRtcConfig, mono_float
+from voiceagent.bench.clients import Client, MicTrack, Peer, connect, open_peer
+from voiceagent.transport.webrtc import OutboundAudioTrack, WebRtcConfig
 
 SENTENCE = "Your order shipped this morning."
 SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero
@@ -39,121 +25,6 @@ SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero
 
 def health(server: Any) -> dict[str, Any]:
     return dict(httpx.get(server.http + "/health", timeout=5).json())
-
-
-class ClipTrack(MediaStreamTrack):
-    """Client microphone: silence, then `pcm` (48 kHz mono float) once from frame
-    `clip_at` (or from when `play_now()` is called), then silence; 20 ms frames paced in
-    real time (aiortc's sender pulls as fast as recv() returns)."""
-
-    kind = "audio"
-
-    def __init__(self, pcm: np.ndarray, clip_at: int | None = 0) -> None:
-        super().__init__()
-        self.pcm = (np.clip(pcm, -1, 1) * 32767).astype("<i2")
-        self.clip_at = clip_at
-        self.index = 0
-        self.start: float | None = None
-        self.onset: float | None = None  # when the first voiced frame of the clip went out
-
-    def play_now(self) -> None:
-        self.clip_at = self.index
-
-    async def recv(self) -> AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        if self.start is None:
-            self.start = time.monotonic()
-        delay = self.start + self.index * 0.02 - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        k = -1 if self.clip_at is None else self.index - self.clip_at
-        chunk = self.pcm[k * 960 : (k + 1) * 960].tobytes() if k >= 0 else b""
-        loud = chunk and np.abs(np.frombuffer(chunk, "<i2")).max() > 1000
-        if loud and self.onset is None:
-            self.onset = time.monotonic()
-        frame = AudioFrame(format="s16", layout="mono", samples=960)
-        frame.planes[0].update(chunk.ljust(FRAME_BYTES, b"\0"))
-        frame.pts = self.index * 960
-        frame.sample_rate = 48000
-        frame.time_base = fractions.Fraction(1, 48000)
-        self.index += 1
-        return frame
-
-
-@dataclass
-class Peer:
-    pc: RTCPeerConnection
-    channel: RTCDataChannel
-    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
-    seen: list[dict[str, Any]] = field(default_factory=list)  # every event, in order
-    # (pts, rms, arrival time) of every frame the track delivered
-    frames: list[tuple[int, float, float]] = field(default_factory=list)
-    reader: asyncio.Task[None] | None = None
-
-    def send(self, message: dict[str, Any]) -> None:
-        self.channel.send(json.dumps(message))
-
-    async def event(self, kinds: tuple[str, ...], timeout: float = 20) -> dict[str, Any]:
-        """The next event of one of `kinds`, skipping others (VAD events, first_audio...)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            event = await asyncio.wait_for(self.events.get(), deadline - time.monotonic())
-            if event["type"] in kinds:
-                return event
-            assert event["type"] != "error", event
-
-    async def close(self) -> None:
-        await self.pc.close()
-        if self.reader is not None:
-            self.reader.cancel()
-
-
-async def open_peer(server: Any, mic: MediaStreamTrack | None = None) -> Peer:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    channel = pc.createDataChannel("control")
-    peer = Peer(pc, channel)
-
-    @channel.on("message")
-    def on_message(message: str) -> None:
-        event = json.loads(message)
-        peer.seen.append(event)
-        peer.events.put_nowait(event)
-
-    if mic is None:
-        pc.addTransceiver("audio", direction="recvonly")
-    else:
-        pc.addTransceiver(mic, direction="sendrecv")
-
-    async def read(track: MediaStreamTrack) -> None:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                return
-            x = mono_float(frame)
-            peer.frames.append((frame.pts, float(np.sqrt(np.mean(x**2))), time.monotonic()))
-
-    @pc.on("track")
-    def on_track(track: MediaStreamTrack) -> None:
-        peer.reader = asyncio.get_running_loop().create_task(read(track))
-
-    await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient() as http:
-        r = await http.post(
-            server.http + "/v1/webrtc/offer",
-            json={"sdp": pc.localDescription.sdp, "type": "offer"},
-            timeout=10,
-        )
-    assert r.status_code == 200, r.text
-    answer = r.json()
-    assert answer["type"] == "answer" and "opus/48000" in answer["sdp"].lower()
-    await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
-    deadline = time.monotonic() + 10
-    while channel.readyState != "open":
-        assert time.monotonic() < deadline, "data channel did not open"
-        await asyncio.sleep(0.01)
-    return peer
 
 
 async def post_offer(server: Any, data_channel: bool = True) -> httpx.Response:
@@ -189,7 +60,7 @@ def pts_steps(frames: list[tuple[int, float, float]]) -> set[int]:
 
 def test_turn_over_data_channel_and_paced_audio_track(server):
     async def go() -> tuple[Peer, list[dict[str, Any]], float]:
-        peer = await open_peer(server)
+        peer = await open_peer(server.http)
         try:
             peer.send({"type": "session.start", "format": {"codec": "opus"}})
             created = await peer.event(("session.created",))
@@ -239,7 +110,7 @@ def test_turn_over_data_channel_and_paced_audio_track(server):
 
 def test_peer_leaving_mid_turn_is_cleaned_up(server):
     async def go() -> None:
-        peer = await open_peer(server)
+        peer = await open_peer(server.http)
         peer.send({"type": "session.start"})
         await peer.event(("session.created",))
         peer.send({"type": "speak", "text": SENTENCE + " " + SENTENCE})
@@ -255,28 +126,13 @@ def test_peer_leaving_mid_turn_is_cleaned_up(server):
     run(go())
 
 
-@pytest.fixture(scope="module")
-def spoken(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
-    """espeak-ng speech at 48 kHz (float32 mono)."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed: no real speech to send")
-    path = Path(tmp_path_factory.mktemp("mic")) / "speech.wav"
-    text = "Hello, I would like to change my delivery address please"
-    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, timeout=30)
-    with wave.open(str(path)) as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768
-    resampler = StreamResampler(rate, 48000)
-    return np.concatenate([resampler.process(pcm), resampler.flush()])
-
-
 def test_inbound_speech_gives_vad_events(server, spoken):
     lead_s = 0.6
-    mic = ClipTrack(spoken, clip_at=int(lead_s * 50))
+    mic = MicTrack(spoken, clip_at=int(lead_s * 50))
     speech_ms = spoken.size / 48
 
     async def go() -> list[dict[str, Any]]:
-        peer = await open_peer(server, mic)
+        peer = await open_peer(server.http, mic)
         try:
             kinds = ("speech_started", "speech_stopped")
             started = await peer.event(kinds, timeout=10)
@@ -333,7 +189,7 @@ def test_bad_offers_get_400_and_the_server_keeps_serving(server):
             assert r.status_code == 400 and r.json()["code"] == "invalid_sdp"
         assert health(server)["sessions"] == 0
         # a new WebRTC session and a WebSocket session still work
-        peer = await open_peer(server)
+        peer = await open_peer(server.http)
         try:
             peer.send({"type": "session.start"})
             await peer.event(("session.created",))
@@ -360,7 +216,7 @@ def test_session_limit_is_shared_with_websocket_sessions(make_server):
             r = await post_offer(server)
             assert r.status_code == 503 and r.json()["code"] == "too_many_sessions"
         await until_no_sessions(server, "the WebSocket session was not released")
-        peer = await open_peer(server)  # the slot is free again
+        peer = await open_peer(server.http)  # the slot is free again
         await peer.close()
 
     run(go())
@@ -406,10 +262,10 @@ def test_track_paces_frames_and_never_rewinds_pts():
 
 def test_barge_in_cancels_the_playing_turn(make_server, spoken):
     server = make_server()
-    mic = ClipTrack(spoken, clip_at=None)
+    mic = MicTrack(spoken, clip_at=None)
 
     async def go() -> tuple[Peer, dict[str, Any], dict[str, Any], float]:
-        peer = await open_peer(server, mic)
+        peer = await open_peer(server.http, mic)
         try:
             peer.send({"type": "session.start", "barge_in": {"mode": "cancel", "guard_ms": 300}})
             await peer.event(("session.created",))

@@ -6,12 +6,13 @@ tests/web_screenshot.py. No browser is downloaded: the system's `chromium` is us
 from __future__ import annotations
 
 import shutil
-import subprocess
 import wave
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from voiceagent.bench.clips import espeak_pcm
 
 # Flags for a quiet, hermetic headless Chromium that plays audio without a user gesture
 # and answers getUserMedia with a fake device reading a WAV file (looped).
@@ -38,11 +39,8 @@ def chromium_path() -> str | None:
 def render_mic_wav(path: Path, text: str = MIC_SENTENCE, lead_silence_s: float = 3.0) -> Path:
     """Real speech from espeak-ng after `lead_silence_s` of silence, as a WAV for
     Chromium's fake capture device (which loops it): the bot gets to speak first."""
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-w", str(raw), text], check=True)
-    with wave.open(str(raw)) as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    speech, rate = espeak_pcm(text)
+    pcm = np.round(speech * 32768).astype("<i2")  # exactly espeak-ng's samples
     silence = np.zeros(int(rate * lead_silence_s), "<i2")
     tail = np.zeros(int(rate * 1.0), "<i2")
     with wave.open(str(path), "wb") as w:
@@ -50,7 +48,6 @@ def render_mic_wav(path: Path, text: str = MIC_SENTENCE, lead_silence_s: float =
         w.setsampwidth(2)
         w.setframerate(rate)
         w.writeframes(np.concatenate([silence, pcm, tail]).tobytes())
-    raw.unlink()
     return path
 
 

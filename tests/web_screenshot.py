@@ -17,6 +17,7 @@ from playwright.sync_api import sync_playwright
 from web_browser import launch, open_demo, speak, state, wait_turn
 
 from voiceagent.model import checkpoint
+from voiceagent.model.tiny.checkpoint import ensure_tiny
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
 
@@ -30,7 +31,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "web" / "screenshot.png")
     args = parser.parse_args()
 
-    model = checkpoint.load(checkpoint.ensure_tiny())
+    model = checkpoint.load(ensure_tiny())
     with (
         BackgroundServer(model, ServerConfig(port=free_port())) as server,
         sync_playwright() as p,

@@ -11,24 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from .audio.format import FRAME_MS, MODEL_RATE
-from .model import checkpoint
-from .model.checkpoint import CheckpointError
-from .model.speech_model import SpeechModel
+from .model.checkpoint import CheckpointError, load_model
+from .model.tiny import checkpoint as tiny
 
 log = logging.getLogger("voiceagent")
-
-
-def load_model(path: str | None, device: str = "auto") -> SpeechModel:
-    if device == "auto":
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    directory = checkpoint.ensure_tiny() if path is None else Path(path)
-    model = checkpoint.load(directory, device=device)
-    log.info("model '%s' on %s", model.name, device)
-    if model.warning:
-        log.warning("%s", model.warning)
-    return model
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -44,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
     model = load_model(args.model, args.device)
     lm = None
     if args.engine == "sglang":
-        from .engine.sglang_lm import SGLangLM
+        from .engine.sglang.client import SGLangLM
 
         if not args.sglang_url or not args.sglang_export:
             print("error: --engine sglang needs --sglang-url and --sglang-export", file=sys.stderr)
@@ -138,13 +124,13 @@ def voices_dir(args: argparse.Namespace) -> Path:
     """Where `voice add` writes and `serve` reads added voices."""
     if args.voices:
         return Path(args.voices)
-    base = Path(args.model) if args.model else checkpoint.default_tiny_dir()
+    base = Path(args.model) if args.model else tiny.default_tiny_dir()
     return base / "voices"
 
 
 def _voice_add(args: argparse.Namespace) -> int:
+    from .model.contract import Voice
     from .model.cosyvoice2.prompt_frontend import PromptFrontend
-    from .model.speech_model import Voice
     from .model.voice_store import check_name, save_voice
 
     try:
@@ -179,7 +165,7 @@ def _voice_add(args: argparse.Namespace) -> int:
 
 
 def _export_sglang(args: argparse.Namespace) -> int:
-    from .engine.sglang_export import export_sglang
+    from .engine.sglang.export import export_sglang
 
     meta = export_sglang(load_model(args.model, "cpu"), Path(args.out))
     print(
@@ -190,7 +176,7 @@ def _export_sglang(args: argparse.Namespace) -> int:
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    checkpoint.save(checkpoint.build_random(seed=args.seed), Path(args.directory))
+    tiny.save(tiny.build_random(seed=args.seed), Path(args.directory))
     print(f"wrote a random-weight tiny checkpoint to {args.directory}")
     return 0
 

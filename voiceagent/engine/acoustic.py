@@ -2,7 +2,7 @@
 
 The worker takes every chunk job that is waiting, runs chunks of equal length through
 the flow as one batch, and mel chunks of equal length through the vocoder as one batch
-(states are concatenated along the batch axis; see model/streaming.py).
+(states are concatenated along the batch axis; see model/contract.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from ..audio.framing import Framer
-from ..model.speech_model import SpeechModel, Voice
-from ..model.streaming import State
+from ..model.contract import State, Voice
+from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from typing import Protocol
 
 import torch
 
-from ..model.checkpoint import SpeechModel
+from ..model.contract import Voice
 from ..model.sampling import SamplingParams
-from ..model.speech_model import Voice
+from ..model.speech_model import SpeechModel
 from .acoustic import AcousticWorker
 from .lm_engine import EmbeddedLM, TokenStream
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.config import STOP_TOKENS
+from ..model.contract import STOP_TOKENS, Voice
 from ..model.lm import KVPool
 from ..model.sampling import SamplingParams, sample_token
-from ..model.speech_model import SpeechModel, Voice
+from ..model.speech_model import SpeechModel
 
 log = logging.getLogger(__name__)
 

@@ -1,138 +1,22 @@
-"""A speech model on disk and in memory: config, three stages, voices, text tokenizer.
-
-Directory layout (file names as in a CosyVoice2 release, so tools find what they expect):
-
-    config.json   hyper-parameters (ModelConfig)
-    llm.pt        SpeechLM state dict
-    flow.pt       FlowModel state dict
-    hift.pt       Vocoder state dict
-    spk2info.pt   {voice name: {"prompt_text" (ids), "speech_token", "embedding"}}
-"""
+"""Any model directory -> a SpeechModel: a released CosyVoice2 layout (cosyvoice2/) or the
+tiny layout (tiny/); with no directory, the tiny model, written once to the cache."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from ..text.tokenizer import ByteTokenizer
-from .config import SPEECH_CODES, ModelConfig
-from .flow import FlowModel
-from .lm import SpeechLM
-from .speech_model import SpeechModel, Voice
-from .vocoder import Vocoder
+from .speech_model import SpeechModel
+from .tiny.checkpoint import ensure_tiny, load_tiny
+from .weights import CheckpointError
 
-log = logging.getLogger(__name__)
+__all__ = ["CheckpointError", "SpeechModel", "load", "load_model"]
 
-FILES = ("config.json", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt")
-BUILTIN_VOICES = ("agent", "narrator", "supervisor")
-
-
-class CheckpointError(RuntimeError):
-    """A model directory is missing a file or holds one that does not fit."""
-
-
-def build_random(config: ModelConfig | None = None, seed: int = 0) -> SpeechModel:
-    """A model with random weights (the `tiny` configuration unless told otherwise)."""
-    config = config or ModelConfig()
-    torch.manual_seed(seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    voices = {}
-    for i, name in enumerate(BUILTIN_VOICES):
-        tokens = torch.randint(0, SPEECH_CODES, (8 + 2 * i,), generator=gen)
-        voices[name] = Voice(
-            name=name,
-            prompt_text_ids=tuple(ByteTokenizer().encode(f"This is the {name} speaking.")),
-            prompt_tokens=tuple(int(t) for t in tokens),
-            embedding=torch.randn(config.flow.spk_dim, generator=gen),
-        )
-    return SpeechModel(
-        name=config.name,
-        random_weights=config.random_weights,
-        lm=SpeechLM(config.lm).eval(),
-        flow=FlowModel(config.flow).eval(),
-        vocoder=Vocoder(config.vocoder).eval(),
-        voices=voices,
-        tokenizer=ByteTokenizer(),
-        pre_lookahead=config.flow.pre_lookahead,
-        mel_bins=config.flow.mel_bins,
-        token_ratio=(config.lm.min_tokens_per_text_token, config.lm.max_tokens_per_text_token),
-        spk_dim=config.flow.spk_dim,
-        spec=config,
-    )
-
-
-def save(model: SpeechModel, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    if not isinstance(model.spec, ModelConfig):
-        raise TypeError("only models built from a ModelConfig can be saved in this layout")
-    (directory / "config.json").write_text(json.dumps(model.spec.to_dict(), indent=2))
-    torch.save(model.lm.state_dict(), directory / "llm.pt")
-    torch.save(model.flow.state_dict(), directory / "flow.pt")
-    torch.save(model.vocoder.state_dict(), directory / "hift.pt")
-    spk2info = {
-        v.name: {
-            "prompt_text": torch.tensor(v.prompt_text_ids, dtype=torch.long),
-            "speech_token": torch.tensor(v.prompt_tokens, dtype=torch.long),
-            "embedding": v.embedding,
-        }
-        for v in model.voices.values()
-    }
-    torch.save(spk2info, directory / "spk2info.pt")
-
-
-def read_torch(path: Path) -> Any:
-    """A torch file read without running code in it (weights_only)."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several types for a damaged file
-        raise CheckpointError(f"{path}: cannot be read as a torch file ({exc})") from exc
-
-
-def _load_state(module: torch.nn.Module, path: Path) -> None:
-    load_strict(module, read_torch(path), path)
-
-
-def load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], path: Path) -> None:
-    """Load a state dict that must match `module` key for key and shape for shape."""
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = [
-        f"{k} {tuple(state[k].shape)} != {tuple(expected[k].shape)}"
-        for k in sorted(set(state) & set(expected))
-        if state[k].shape != expected[k].shape
-    ]
-    problems = [
-        f"{label} ({len(keys)}): {', '.join(keys[:3])}"
-        for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape", wrong))
-        if keys
-    ]
-    if problems:
-        raise CheckpointError(f"{path}: does not fit the model config: {'; '.join(problems)}")
-    module.load_state_dict(state, strict=True)
-
-
-def _load_voices(path: Path, spk_dim: int) -> dict[str, Voice]:
-    try:
-        spk2info = torch.load(path, map_location="cpu", weights_only=True)
-        voices = {
-            str(name): Voice(
-                name=str(name),
-                prompt_text_ids=tuple(int(t) for t in info["prompt_text"]),
-                prompt_tokens=tuple(int(t) for t in info["speech_token"]),
-                embedding=info["embedding"].float().reshape(spk_dim),
-            )
-            for name, info in spk2info.items()
-        }
-    except Exception as exc:
-        raise CheckpointError(f"{path}: not a valid voice table ({exc})") from exc
-    if not voices:
-        raise CheckpointError(f"{path}: holds no voice")
-    return voices
+# load_model's lines were the command line's and keep its logger name ("voiceagent: model
+# 'tiny' on cpu", as docs/operations.md shows them)
+cli_log = logging.getLogger("voiceagent")
 
 
 def load(directory: Path, device: str = "cpu") -> SpeechModel:
@@ -144,34 +28,17 @@ def load(directory: Path, device: str = "cpu") -> SpeechModel:
         from .cosyvoice2.loader import load_cosyvoice2
 
         return load_cosyvoice2(directory, device)
-    for name in FILES:
-        if not (directory / name).is_file():
-            raise CheckpointError(f"{directory / name}: required model file is missing")
-    try:
-        config = ModelConfig.from_dict(json.loads((directory / "config.json").read_text()))
-    except (ValueError, TypeError) as exc:
-        raise CheckpointError(f"{directory / 'config.json'}: invalid ({exc})") from exc
-    model = build_random(config)
-    _load_state(model.lm, directory / "llm.pt")
-    _load_state(model.flow, directory / "flow.pt")
-    _load_state(model.vocoder, directory / "hift.pt")
-    model.voices = _load_voices(directory / "spk2info.pt", config.flow.spk_dim)
-    for module in (model.lm, model.flow, model.vocoder):
-        module.to(device)
-    log.info("loaded model '%s' from %s (%d voices)", config.name, directory, len(model.voices))
+    return load_tiny(directory, device)
+
+
+def load_model(path: str | None, device: str = "auto") -> SpeechModel:
+    """The model directory at `path` (None: the tiny model, written once) on `device`
+    ("auto": cuda if present); a random-weight model says so in the log."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    directory = ensure_tiny() if path is None else Path(path)
+    model = load(directory, device=device)
+    cli_log.info("model '%s' on %s", model.name, device)
+    if model.warning:
+        cli_log.warning("%s", model.warning)
     return model
-
-
-TINY_LAYOUT = 2  # bump when the tiny checkpoint's files change, so old caches are not read
-
-
-def default_tiny_dir() -> Path:
-    return Path.home() / ".cache" / "voiceagent" / f"tiny-v{TINY_LAYOUT}"
-
-
-def ensure_tiny(directory: Path | None = None) -> Path:
-    """Write the random-weight `tiny` checkpoint once; later runs load the same weights."""
-    directory = directory or default_tiny_dir()
-    if not all((directory / f).is_file() for f in FILES):
-        save(build_random(), directory)
-    return directory

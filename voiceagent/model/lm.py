@@ -8,15 +8,43 @@ many turns run as one batch while each turn keeps its own cache rows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import LMConfig
+from .contract import SPEECH_CODES, STOP_TOKENS
 
 SOS_ROW, TASK_ROW = 0, 1  # rows of `llm_embedding`
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """The LM's hyper-parameters; the defaults are the tiny model's (CosyVoice2's are read
+    from its files by cosyvoice2/lm_config.py)."""
+
+    text_vocab: int = 259  # byte tokenizer: 256 bytes + 3 reserved
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    intermediate: int = 128
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    max_positions: int = 4096
+    # Decode length bounds, relative to the number of text tokens of the segment.
+    min_tokens_per_text_token: float = 0.5
+    max_tokens_per_text_token: float = 2.0
+
+    @property
+    def speech_vocab(self) -> int:
+        return SPEECH_CODES + len(STOP_TOKENS)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
 
 
 class RMSNorm(nn.Module):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .config import SPEECH_CODES
+from .contract import SPEECH_CODES
 
 
 @dataclass(frozen=True)

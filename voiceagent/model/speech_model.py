@@ -1,78 +1,22 @@
-"""What the engine needs of a speech model: three streaming stages, voices, a tokenizer.
-
-A stage's streaming state is a `dict[str, Tensor]` whose tensors have the session as
-dim 0 (see streaming.py), so chunks of several turns can run as one batch.
+"""A speech model: the three streaming stages, voices and a text tokenizer, as the engine
+uses it. The stage interfaces are in contract.py; the LM stage is lm.SpeechLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
 
 from ..text.tokenizer import TextTokenizer
-from .flow_pad import PAD_TOKEN
+from .contract import PAD_TOKEN, FlowStage, VocoderStage, Voice
 from .lm import SpeechLM
-from .streaming import State, cat_states, split_state
 from .stretch import MelStretcher
 
-
-@dataclass(frozen=True)
-class Voice:
-    """A role: the prompt the LM continues from and the speaker conditioning of the flow."""
-
-    name: str
-    prompt_text_ids: tuple[int, ...]  # the transcript of the prompt audio, as text tokens
-    prompt_tokens: tuple[int, ...]  # speech tokens of the prompt audio
-    embedding: Tensor  # speaker vector of the flow, [spk_dim]
-    prompt_mel: Tensor | None = None  # [frames, 80] mel of the prompt audio, if the model uses it
-
-
-class FlowStage(nn.Module):
-    """Speech tokens -> mel, chunk by chunk."""
-
-    def initial_state(self, voice: Voice) -> State:
-        """Per-turn state of one session, primed with the voice's prompt if the model
-        uses one."""
-        raise NotImplementedError
-
-    def forward_chunk(self, tokens: Tensor, spk: Tensor, state: State) -> tuple[Tensor, State]:
-        """tokens [b, n + lookahead] (PAD_TOKEN past the end) -> mel [b, bins, frames] and
-        the new state (the input state is not mutated)."""
-        raise NotImplementedError
-
-    def cat_states(self, states: Sequence[State]) -> State:
-        """One batch state from several sessions' states (override for ragged caches)."""
-        return cat_states(list(states))
-
-    def split_states(self, state: State, n: int) -> list[State]:
-        return split_state(state, n)
-
-
-class VocoderStage(nn.Module):
-    """Mel -> 24 kHz PCM, chunk by chunk."""
-
-    def initial_state(self) -> State:
-        raise NotImplementedError
-
-    def forward_chunk(self, mel: Tensor, state: State, final: bool) -> tuple[Tensor, State]:
-        """mel [b, bins, m] -> pcm [b, samples]; `final` flushes audio held back for
-        right context. The input state is not mutated."""
-        raise NotImplementedError
-
-    def batch_key(self, state: State | None, frames: int, final: bool) -> object:
-        """Chunks of several sessions run as one batch only when their keys are equal."""
-        return (frames, final)
-
-    def cat_states(self, states: Sequence[State]) -> State:
-        return cat_states(list(states))
-
-    def split_states(self, state: State, n: int) -> list[State]:
-        return split_state(state, n)
+# pipeline/turn.py and older callers import Voice from here
+__all__ = ["FlowStage", "SpeechModel", "VocoderStage", "Voice"]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .speech_model import Voice
+from .contract import Voice
 
 log = logging.getLogger(__name__)
 

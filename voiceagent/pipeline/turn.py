@@ -20,9 +20,8 @@ from ..audio.framing import Framer
 from ..engine.acoustic import AcousticStream, ChunkResult
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import EngineUnavailable, TokenStream
-from ..model.flow import PAD_TOKEN
+from ..model.contract import PAD_TOKEN, Voice
 from ..model.sampling import SamplingParams
-from ..model.speech_model import Voice
 from ..text.normalize import normalize
 from ..text.segmenter import Segmenter, SegmenterConfig
 

@@ -14,7 +14,6 @@ from ..audio.format import (
     CODECS,
     DEFAULT_OPUS_BITRATE,
     DEFAULT_RATES,
-    OPUS_BITRATES,
     PCM16_RATES,
 )
 from .errors import ErrorCode, ProtocolError

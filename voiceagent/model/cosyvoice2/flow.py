@@ -59,11 +59,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..speech_model import FlowStage
+from ..contract import PAD_TOKEN, FlowStage, State
 from .flow_decoder import Estimator
-from .flow_encoder import Cache, FlowEncoder, State, attention_mask
-
-PAD_TOKEN = -1  # a lookahead position past the end of the turn (same as voiceagent's)
+from .flow_encoder import Cache, FlowEncoder, attention_mask
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-State = dict[str, Tensor]
+from ..contract import State
 
 
 class Cache:

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import SPEECH_CODES, LMConfig
+from ..contract import SPEECH_CODES
+from ..lm import LMConfig
 from ..sampling import SamplingParams
 from .yaml_config import params
 

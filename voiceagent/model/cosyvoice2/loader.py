@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointError, load_strict, read_torch
+from ..contract import Voice
 from ..lm import SpeechLM
-from ..speech_model import SpeechModel, Voice
+from ..speech_model import SpeechModel
+from ..weights import CheckpointError, load_strict, read_torch
 from .flow import CosyFlow, FlowConfig, load_flow_state
 from .hift import HiFT, HiFTConfig, load_hift_state
 from .lm_config import read_lm_setup

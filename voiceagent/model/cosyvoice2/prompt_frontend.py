@@ -18,7 +18,7 @@ from torch import Tensor
 
 from voiceagent.audio.decode import AudioSource, decode_audio, resample, source_name
 from voiceagent.audio.features import FBANK_BINS, kaldi_fbank, prompt_mel, whisper_log_mel
-from voiceagent.model.config import SPEECH_CODES
+from voiceagent.model.contract import SPEECH_CODES
 
 TOKENIZER_RATE = 16000
 MEL_RATE = 24000

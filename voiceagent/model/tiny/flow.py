@@ -16,12 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import SPEECH_CODES, FlowConfig
-from .flow_pad import PAD_TOKEN
-from .speech_model import FlowStage, Voice
-from .streaming import CausalConv1d, State
-
-__all__ = ["PAD_TOKEN", "FlowModel"]
+from ..contract import SPEECH_CODES, FlowStage, State, Voice
+from .causal_conv import CausalConv1d
+from .config import FlowConfig
 
 
 class ResBlock(nn.Module):

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..model.config import STOP_TOKENS
-from ..model.speech_model import SpeechModel
+from ...model.contract import STOP_TOKENS
+from ...model.speech_model import SpeechModel
 
 SPEECH_LIFT = 1000.0
 PAD_TO = 64

@@ -1,4 +1,5 @@
-"""Hyper-parameters of the three stages, as stored in a checkpoint's `config.json`.
+"""Hyper-parameters of the tiny model's three stages, as stored in its `config.json`
+(the LM's, `LMConfig`, are in lm.py: CosyVoice2's LM is the same class).
 
 The numbers that define the audio timeline (token rate, mel rate, sample rate) follow
 CosyVoice2 so that a real model drops into the same pipeline; the layer sizes are free.
@@ -9,33 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SPEECH_CODES = 6561  # FSQ codebook of the CosyVoice2 speech tokenizer
-EOS_TOKEN = 6561  # first LM special after the codes
-STOP_TOKENS = (6561, 6562, 6563)
-
-
-@dataclass(frozen=True)
-class LMConfig:
-    text_vocab: int = 259  # byte tokenizer: 256 bytes + 3 reserved
-    hidden: int = 64
-    layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    intermediate: int = 128
-    rope_theta: float = 1_000_000.0
-    rms_eps: float = 1e-6
-    max_positions: int = 4096
-    # Decode length bounds, relative to the number of text tokens of the segment.
-    min_tokens_per_text_token: float = 0.5
-    max_tokens_per_text_token: float = 2.0
-
-    @property
-    def speech_vocab(self) -> int:
-        return SPEECH_CODES + len(STOP_TOKENS)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+from ..lm import LMConfig
 
 
 @dataclass(frozen=True)

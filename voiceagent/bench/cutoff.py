@@ -15,11 +15,11 @@ import asyncio
 import time
 from typing import Any
 
-from .engine.embedded import EmbeddedEngine
-from .engine.lm_engine import MAX_BACKLOG, EmbeddedLM
-from .model.sampling import SamplingParams
-from .model.speech_model import SpeechModel
-from .pipeline.turn import FrameFormat, Turn, TurnSettings
+from ..engine.embedded import EmbeddedEngine
+from ..engine.lm_engine import MAX_BACKLOG, EmbeddedLM
+from ..model.sampling import SamplingParams
+from ..model.speech_model import SpeechModel
+from ..pipeline.turn import FrameFormat, Turn, TurnSettings
 
 TEXT = "Here is a very long answer that goes on and on, sentence after sentence. " * 4
 FRAME_S = 0.02

@@ -9,26 +9,19 @@ all audio, then send), so both numbers come from one machine at one time.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import logging
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import websockets
-
-from .engine.embedded import LMBackend
-from .engine.sglang_lm import SGLangLM
-from .model.speech_model import SpeechModel
-from .server.app import ServerConfig
-from .server.background import BackgroundServer, free_port
-from .session.playout import PlayoutConfig
+from ..engine.embedded import LMBackend
+from ..model.speech_model import SpeechModel
+from ..server.app import ServerConfig
+from ..server.background import BackgroundServer, free_port
+from ..session.playout import PlayoutConfig
+from .clients import Client, connect
 
 TEXTS = (
     "Thanks for calling. Your order shipped this morning and should arrive on Thursday.",
@@ -46,7 +39,7 @@ class TurnSample:
     tokens: int
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     idx = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
     return ordered[idx]
@@ -54,36 +47,28 @@ def _percentile(values: list[float], q: float) -> float:
 
 async def _client(url: str, index: int, turns: int) -> list[TurnSample]:
     samples = []
-    async with websockets.connect(url, max_size=None) as ws:
+    async with connect(url) as ws:
+        client = Client(ws)
         voice = VOICES[index % len(VOICES)]
-        await ws.send(
-            json.dumps({"type": "session.start", "voice": voice, "sampling": {"seed": index}})
-        )
-        json.loads(await ws.recv())
+        await client.send({"type": "session.start", "voice": voice, "sampling": {"seed": index}})
+        await client.event(timeout=None)
         for t in range(turns):
             sent = time.perf_counter()
-            await ws.send(json.dumps({"type": "speak", "text": TEXTS[(index + t) % len(TEXTS)]}))
-            first: float | None = None
-            while True:
-                msg = await ws.recv()
-                if isinstance(msg, bytes):
-                    first = first or time.perf_counter()
-                    continue
-                event = json.loads(msg)
-                if event["type"] == "turn.done":
-                    assert first is not None, "turn finished without audio"
-                    timings = event["timings"]
-                    samples.append(
-                        TurnSample(
-                            (first - sent) * 1000,
-                            timings["rtf"],
-                            timings["audio_ms"],
-                            timings["tokens"],
-                        )
-                    )
-                    break
-                if event["type"] == "error":
-                    raise RuntimeError(f"bench turn failed: {event}")
+            await client.send({"type": "speak", "text": TEXTS[(index + t) % len(TEXTS)]})
+            result = await client.turn(until=("turn.done", "error"), timeout=None)
+            event = result.events[-1]
+            if event["type"] == "error":
+                raise RuntimeError(f"bench turn failed: {event}")
+            assert result.first_frame_at is not None, "turn finished without audio"
+            timings = event["timings"]
+            samples.append(
+                TurnSample(
+                    (result.first_frame_at - sent) * 1000,
+                    timings["rtf"],
+                    timings["audio_ms"],
+                    timings["tokens"],
+                )
+            )
     return samples
 
 
@@ -97,7 +82,7 @@ async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
         "sessions": sessions,
         "turns": len(samples),
         "ttfa_ms_p50": round(statistics.median(ttfa), 1),
-        "ttfa_ms_p95": round(_percentile(ttfa, 0.95), 1),
+        "ttfa_ms_p95": round(percentile(ttfa, 0.95), 1),
         "rtf": round(statistics.mean(s.rtf for s in samples), 4),
         "audio_s_per_turn": round(statistics.mean(s.audio_ms for s in samples) / 1000, 2),
         # all sessions' speech tokens over the level's wall time (paced playout included)
@@ -136,7 +121,7 @@ def measure(
     return report
 
 
-def _table(report: dict[str, Any]) -> str:
+def table(report: dict[str, Any]) -> str:
     cols = ("sessions", "turns", "ttfa_ms_p50", "ttfa_ms_p95", "rtf", "tokens_per_s")
     lines = [f"{'mode':<10}" + "".join(f"{c:>18}" for c in cols)]
     for mode, runs in report["runs"].items():
@@ -147,52 +132,3 @@ def _table(report: dict[str, Any]) -> str:
         f"at {report['streaming']['sessions']} sessions"
     )
     return "\n".join(lines)
-
-
-def run_bench(args: argparse.Namespace) -> int:
-    from .cli import load_model
-
-    for name in ("voiceagent", "aioice", "aiortc", "httpx"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    if args.scenario == "chunk-cost":
-        from . import bench_chunks
-
-        model = load_model(args.model or str(bench_chunks.ensure_full_random()), args.device)
-        report = bench_chunks.measure(model, repeats=args.repeats)
-        text = "\n".join(
-            f"{mode:<10} chunk 1: {report[mode]['chunk1_ms']:>9} ms   chunk 20: "
-            f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
-            for mode in ("linear", "recompute")
-        )
-    elif args.scenario == "cutoff":
-        from . import bench_cutoff
-
-        model = load_model(args.model, args.device)
-        report = bench_cutoff.measure(model, max_ahead_ms=args.max_ahead_ms)
-        text = bench_cutoff.table(report)
-    elif args.scenario == "webrtc":
-        from . import bench_webrtc
-
-        levels = [int(x) for x in (args.sessions or "1,2,4,8,12,16").split(",")]
-        opts = bench_webrtc.Options(
-            client_prefetch=args.client_prefetch, max_ahead_ms=args.max_ahead_ms
-        )
-        report = bench_webrtc.measure(args.model, levels, opts, args.max_speech_s or 3.0)
-        text = bench_webrtc.table(report)
-    else:
-        model = load_model(args.model, args.device)
-        levels = [int(x) for x in (args.sessions or "1,8").split(",")]
-        factory = None
-        if args.sglang_url:
-            url, export = args.sglang_url, Path(args.sglang_export)
-
-            def factory() -> SGLangLM:
-                return SGLangLM(model, url, export)
-
-        report = measure(
-            model, levels, args.turns, args.lead_ms, int((args.max_speech_s or 60.0) * 25), factory
-        )
-        text = _table(report)
-    print(json.dumps(report) if args.json else text)
-    sys.stdout.flush()
-    return 0

@@ -23,10 +23,11 @@ from typing import Any
 import httpx
 import torch
 
-from ..model.sampling import SamplingParams
-from ..model.speech_model import SpeechModel, Voice
-from .lm_engine import EngineError, EngineUnavailable, TokenStream
-from .sglang_export import META, logit_bias, prompt_ids
+from ...model.contract import Voice
+from ...model.sampling import SamplingParams
+from ...model.speech_model import SpeechModel
+from ..lm_engine import EngineError, EngineUnavailable, TokenStream
+from .export import META, logit_bias, prompt_ids
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,11 @@
-"""Streaming building blocks: causal convolutions whose left context is explicit state.
-
-A stage's streaming state is a flat `dict[str, Tensor]` whose tensors all have the
-session (or session x CFG branch) as their leading dimension. That one convention lets
-the engine batch chunks of many turns by concatenating states and split them back after.
-"""
+"""The tiny model's streaming building block: a causal convolution whose left context is
+explicit state (the batching convention of states is in ../contract.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-State = dict[str, Tensor]
 
 
 class CausalConv1d(nn.Conv1d):
@@ -32,13 +26,3 @@ class CausalConv1d(nn.Conv1d):
         full = torch.cat([cache, x], dim=2)
         y = F.conv1d(full, self.weight, self.bias)
         return y, full[:, :, full.shape[2] - self.context :]
-
-
-def cat_states(states: list[State]) -> State:
-    return {k: torch.cat([s[k] for s in states], dim=0) for k in states[0]}
-
-
-def split_state(state: State, n: int) -> list[State]:
-    """Undo `cat_states` of n states (each tensor splits into n equal row blocks)."""
-    parts = {k: torch.chunk(v, n, dim=0) for k, v in state.items()}
-    return [{k: parts[k][i] for k in state} for i in range(n)]

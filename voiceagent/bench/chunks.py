@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .model.speech_model import SpeechModel
+from ..model.speech_model import SpeechModel
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def default_full_random_dir() -> Path:
 
 
 def ensure_full_random() -> Path:
-    from .model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
+    from ..model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 
     directory = default_full_random_dir()
     if not (directory / "RANDOM_WEIGHTS").is_file():

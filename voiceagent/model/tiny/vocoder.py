@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..contract import State, VocoderStage
+from .causal_conv import CausalConv1d
 from .config import VocoderConfig
-from .speech_model import VocoderStage
-from .streaming import CausalConv1d, State
 
 
 class Vocoder(VocoderStage):

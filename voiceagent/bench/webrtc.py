@@ -13,150 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import av
 import httpx
-import numpy as np
-from aiortc import (
-    MediaStreamTrack,
-    RTCConfiguration,
-    RTCDataChannel,
-    RTCPeerConnection,
-    RTCSessionDescription,
-)
-from aiortc.mediastreams import MediaStreamError
 
-from .bench import TEXTS, _percentile
-from .server.background import free_port
-from .transport.webrtc import FRAME_SAMPLES, RATE, mono_float, set_audio_prefetch
+from ..server.background import free_port
+from .clients import MicTrack, open_peer
+from .clips import vowel
+from .ws import TEXTS, percentile
 
 SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero; the bot's audio is not
 CUT_FRAMES = 10  # the bot counts as silenced at the first of this many silent frames
-
-
-def vowel(seconds: float = 1.5, rate: int = RATE) -> np.ndarray:
-    """A voiced, speech-like sound (120 Hz with three formants, syllable-rate loudness)
-    that webrtcvad takes for speech; no recording or TTS needed."""
-    t = np.arange(int(rate * seconds)) / rate
-    phase = 2 * np.pi * np.cumsum(120 + 10 * np.sin(2 * np.pi * 3 * t)) / rate
-    sig = np.zeros_like(t)
-    for k in range(1, 30):
-        env = sum(
-            np.exp(-((((120 * k) - f) / bw) ** 2))
-            for f, bw in ((700, 130), (1200, 150), (2600, 250))
-        )
-        sig += env * np.sin(k * phase)
-    sig *= 0.3 / np.abs(sig).max() * (0.6 + 0.4 * np.sin(2 * np.pi * 4 * t))
-    return sig.astype(np.float32)
-
-
-class MicTrack(MediaStreamTrack):
-    """The client's microphone: silence, then the vowel once when `speak()` is called;
-    20 ms frames paced in real time. `onset` is when its first speech frame went out."""
-
-    kind = "audio"
-
-    def __init__(self, clip: np.ndarray) -> None:
-        super().__init__()
-        self.clip = (np.clip(clip, -1, 1) * 32767).astype("<i2")
-        self.index = 0
-        self.start: float | None = None
-        self.clip_at: int | None = None
-        self.onset: float | None = None
-
-    def speak(self) -> None:
-        self.clip_at = self.index
-
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        now = time.monotonic()
-        self.start = self.start or now
-        delay = self.start + self.index * 0.02 - now
-        if delay > 0:
-            await asyncio.sleep(delay)
-        k = -1 if self.clip_at is None else self.index - self.clip_at
-        chunk = self.clip[k * FRAME_SAMPLES : (k + 1) * FRAME_SAMPLES] if k >= 0 else None
-        if k == 0:
-            self.onset = time.monotonic()
-        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        data = b"" if chunk is None else chunk.tobytes()
-        frame.planes[0].update(data.ljust(FRAME_SAMPLES * 2, b"\0"))
-        frame.pts = self.index * FRAME_SAMPLES
-        frame.sample_rate = RATE
-        frame.time_base = fractions.Fraction(1, RATE)
-        self.index += 1
-        return frame
-
-
-@dataclass
-class Client:
-    pc: RTCPeerConnection
-    channel: RTCDataChannel
-    mic: MicTrack
-    events: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
-    heard: list[tuple[float, float]] = field(default_factory=list)  # (arrival, rms)
-    syncs: list[dict[str, Any]] = field(default_factory=list)  # audio.sync events
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def event(self, kind: str, timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            event = await asyncio.wait_for(self.events.get(), deadline - time.monotonic())
-            if event["type"] == "error":
-                raise RuntimeError(f"server error: {event}")
-            if event["type"] == kind:
-                return event
-
-
-async def connect(base: str, mic: MicTrack, prefetch: int) -> Client:
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    client = Client(pc, pc.createDataChannel("control"), mic)
-
-    @client.channel.on("message")
-    def on_message(message: str) -> None:
-        event = json.loads(message)
-        if event["type"] == "audio.sync":
-            client.syncs.append(event)
-        client.events.put_nowait(event)
-
-    pc.addTransceiver(mic, direction="sendrecv")
-
-    async def listen(track: MediaStreamTrack) -> None:
-        with contextlib.suppress(MediaStreamError):
-            while True:
-                frame = await track.recv()
-                assert isinstance(frame, av.AudioFrame)
-                x = mono_float(frame)
-                client.heard.append((time.monotonic(), float(np.sqrt(np.mean(x**2)))))
-
-    pc.on("track", lambda t: client.tasks.append(asyncio.get_running_loop().create_task(listen(t))))
-    await pc.setLocalDescription(await pc.createOffer())
-    async with httpx.AsyncClient() as http:
-        r = await http.post(
-            base + "/v1/webrtc/offer",
-            json={"sdp": pc.localDescription.sdp, "type": "offer"},
-            timeout=30,
-        )
-    r.raise_for_status()
-    await pc.setRemoteDescription(RTCSessionDescription(r.json()["sdp"], "answer"))
-    set_audio_prefetch(pc, prefetch)
-    deadline = time.monotonic() + 20
-    while client.channel.readyState != "open":
-        if time.monotonic() > deadline:
-            raise RuntimeError("data channel did not open")
-        await asyncio.sleep(0.01)
-    return client
 
 
 @dataclass
@@ -176,33 +50,34 @@ class Options:
 
 
 async def one_session(base: str, index: int, opts: Options) -> SessionResult:
-    client = await connect(base, MicTrack(vowel()), opts.client_prefetch)
+    mic = MicTrack(vowel(), clip_at=None, onset_level=-1)
+    peer = await open_peer(
+        base, mic, prefetch=opts.client_prefetch, offer_timeout=30, open_timeout=20
+    )
     try:
-        client.channel.send(
-            json.dumps(
-                {
-                    "type": "session.start",
-                    "sampling": {"seed": index},
-                    "barge_in": {"mode": "cancel", "guard_ms": 300},
-                }
-            )
+        peer.send(
+            {
+                "type": "session.start",
+                "sampling": {"seed": index},
+                "barge_in": {"mode": "cancel", "guard_ms": 300},
+            }
         )
-        await client.event("session.created", 20)
+        await peer.event(("session.created",), 20)
         # Two sentences, capped by the server's --max-speech-s: speech outlasts listen_s.
-        client.channel.send(json.dumps({"type": "speak", "text": " ".join(TEXTS[:2])}))
-        await client.event("turn.first_audio", 60)
-        while not any(rms > SILENT_RMS for _, rms in client.heard):
+        peer.send({"type": "speak", "text": " ".join(TEXTS[:2])})
+        await peer.event(("turn.first_audio",), 60)
+        while not any(rms > SILENT_RMS for _, rms, _ in peer.frames):
             await asyncio.sleep(0.01)
-        first = next(i for i, (_, rms) in enumerate(client.heard) if rms > SILENT_RMS)
+        first = next(i for i, (_, rms, _) in enumerate(peer.frames) if rms > SILENT_RMS)
         await asyncio.sleep(opts.listen_s)
-        underruns = sum(rms <= SILENT_RMS for _, rms in client.heard[first:])
-        client.mic.speak()
-        await client.event("turn.cancelled", 10)
+        underruns = sum(rms <= SILENT_RMS for _, rms, _ in peer.frames[first:])
+        mic.play_now()
+        await peer.event(("turn.cancelled",), 10)
         await asyncio.sleep(0.2 + CUT_FRAMES * 0.02)
-        onset = client.mic.onset
+        onset = mic.onset
         assert onset is not None
-        after = [rms for t, rms in client.heard if t >= onset]
-        times = [t for t, _ in client.heard if t >= onset]
+        after = [rms for _, rms, t in peer.frames if t >= onset]
+        times = [t for _, _, t in peer.frames if t >= onset]
         cut = next(
             (
                 i
@@ -212,13 +87,10 @@ async def one_session(base: str, index: int, opts: Options) -> SessionResult:
             None,
         )
         latency = None if cut is None else (times[cut] - onset) * 1000
-        gaps = sum(e["offset_ms"] > 0 for e in client.syncs)
+        gaps = sum(e["offset_ms"] > 0 for e in peer.syncs())
         return SessionResult(underruns, gaps, latency)
     finally:
-        for task in client.tasks:
-            task.cancel()
-        client.mic.stop()
-        await client.pc.close()
+        await peer.close()
 
 
 def cpu_seconds(pid: int) -> float:
@@ -246,7 +118,7 @@ async def level(base: str, pid: int, sessions: int, opts: Options) -> dict[str, 
         "bargeins": len(latencies),
         "realtime": underruns == 0 and len(latencies) == sessions,
         "bargein_ms_p50": round(statistics.median(latencies), 1) if latencies else None,
-        "bargein_ms_p95": round(_percentile(latencies, 0.95), 1) if latencies else None,
+        "bargein_ms_p95": round(percentile(latencies, 0.95), 1) if latencies else None,
         "server_cpu_pct_per_session": round(100 * cpu / wall / sessions, 1),
     }
 

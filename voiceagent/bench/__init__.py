@@ -1,0 +1,66 @@
+"""`voiceagent bench`: one module per scenario, and the clients they (and the tests) use.
+
+ws.py       --scenario ws: TTFA and RTF over WebSocket, streaming vs the baseline
+webrtc.py   --scenario webrtc: real-time sessions and barge-in latency over WebRTC
+cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
+chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
+clients.py  WebSocket client, aiortc peer, paced microphone track
+clips.py    speech to send: espeak-ng, a synthetic vowel
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from ..model.checkpoint import load_model
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    for name in ("voiceagent", "aioice", "aiortc", "httpx"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if args.scenario == "chunk-cost":
+        from . import chunks
+
+        model = load_model(args.model or str(chunks.ensure_full_random()), args.device)
+        report = chunks.measure(model, repeats=args.repeats)
+        text = "\n".join(
+            f"{mode:<10} chunk 1: {report[mode]['chunk1_ms']:>9} ms   chunk 20: "
+            f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
+            for mode in ("linear", "recompute")
+        )
+    elif args.scenario == "cutoff":
+        from . import cutoff
+
+        model = load_model(args.model, args.device)
+        report = cutoff.measure(model, max_ahead_ms=args.max_ahead_ms)
+        text = cutoff.table(report)
+    elif args.scenario == "webrtc":
+        from . import webrtc
+
+        levels = [int(x) for x in (args.sessions or "1,2,4,8,12,16").split(",")]
+        opts = webrtc.Options(client_prefetch=args.client_prefetch, max_ahead_ms=args.max_ahead_ms)
+        report = webrtc.measure(args.model, levels, opts, args.max_speech_s or 3.0)
+        text = webrtc.table(report)
+    else:
+        from ..engine.sglang.client import SGLangLM
+        from . import ws
+
+        model = load_model(args.model, args.device)
+        levels = [int(x) for x in (args.sessions or "1,8").split(",")]
+        factory = None
+        if args.sglang_url:
+            url, export = args.sglang_url, Path(args.sglang_export)
+
+            def factory() -> SGLangLM:
+                return SGLangLM(model, url, export)
+
+        max_segment_tokens = int((args.max_speech_s or 60.0) * 25)
+        report = ws.measure(model, levels, args.turns, args.lead_ms, max_segment_tokens, factory)
+        text = ws.table(report)
+    print(json.dumps(report) if args.json else text)
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,93 @@
+"""What every model provides the engine, whichever implementation (tiny/, cosyvoice2/):
+
+- the speech-token vocabulary the LM emits and the flow reads, and `PAD_TOKEN`;
+- `State`: a stage's streaming state, and how states of several sessions batch;
+- `Voice`: the prompt and speaker conditioning of a role;
+- `FlowStage` (tokens -> mel) and `VocoderStage` (mel -> PCM), chunk by chunk.
+
+The LM stage is one class for every model, `lm.SpeechLM` (a Qwen2-style decoder);
+`speech_model.SpeechModel` puts the three stages, voices and a text tokenizer together.
+
+A stage's streaming state is a flat `dict[str, Tensor]` whose tensors all have the
+session (or session x CFG branch) as their leading dimension. That one convention lets
+the engine batch chunks of many turns by concatenating states and split them back after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+SPEECH_CODES = 6561  # FSQ codebook of the CosyVoice2 speech tokenizer
+EOS_TOKEN = 6561  # first LM special after the codes
+STOP_TOKENS = (6561, 6562, 6563)
+PAD_TOKEN = -1  # embeds to zeros, like the end-of-utterance padding of an offline pass
+
+State = dict[str, Tensor]
+
+
+def cat_states(states: list[State]) -> State:
+    return {k: torch.cat([s[k] for s in states], dim=0) for k in states[0]}
+
+
+def split_state(state: State, n: int) -> list[State]:
+    """Undo `cat_states` of n states (each tensor splits into n equal row blocks)."""
+    parts = {k: torch.chunk(v, n, dim=0) for k, v in state.items()}
+    return [{k: parts[k][i] for k in state} for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Voice:
+    """A role: the prompt the LM continues from and the speaker conditioning of the flow."""
+
+    name: str
+    prompt_text_ids: tuple[int, ...]  # the transcript of the prompt audio, as text tokens
+    prompt_tokens: tuple[int, ...]  # speech tokens of the prompt audio
+    embedding: Tensor  # speaker vector of the flow, [spk_dim]
+    prompt_mel: Tensor | None = None  # [frames, 80] mel of the prompt audio, if the model uses it
+
+
+class FlowStage(nn.Module):
+    """Speech tokens -> mel, chunk by chunk."""
+
+    def initial_state(self, voice: Voice) -> State:
+        """Per-turn state of one session, primed with the voice's prompt if the model
+        uses one."""
+        raise NotImplementedError
+
+    def forward_chunk(self, tokens: Tensor, spk: Tensor, state: State) -> tuple[Tensor, State]:
+        """tokens [b, n + lookahead] (PAD_TOKEN past the end) -> mel [b, bins, frames] and
+        the new state (the input state is not mutated)."""
+        raise NotImplementedError
+
+    def cat_states(self, states: Sequence[State]) -> State:
+        """One batch state from several sessions' states (override for ragged caches)."""
+        return cat_states(list(states))
+
+    def split_states(self, state: State, n: int) -> list[State]:
+        return split_state(state, n)
+
+
+class VocoderStage(nn.Module):
+    """Mel -> 24 kHz PCM, chunk by chunk."""
+
+    def initial_state(self) -> State:
+        raise NotImplementedError
+
+    def forward_chunk(self, mel: Tensor, state: State, final: bool) -> tuple[Tensor, State]:
+        """mel [b, bins, m] -> pcm [b, samples]; `final` flushes audio held back for
+        right context. The input state is not mutated."""
+        raise NotImplementedError
+
+    def batch_key(self, state: State | None, frames: int, final: bool) -> object:
+        """Chunks of several sessions run as one batch only when their keys are equal."""
+        return (frames, final)
+
+    def cat_states(self, states: Sequence[State]) -> State:
+        return cat_states(list(states))
+
+    def split_states(self, state: State, n: int) -> list[State]:
+        return split_state(state, n)
