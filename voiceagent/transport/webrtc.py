@@ -237,7 +237,7 @@ class WebRtcSession:
         self.id = uuid.uuid4().hex[:16]
         self.track = OutboundAudioTrack(self.config.track_buffer_frames, on_sync=self._on_sync)
         self.transport = WebRtcTransport(self.track)
-        self.core = SessionCore(self.id, host.catalog, host.limits, PINNED_FORMAT)
+        self.core = SessionCore(self.id, host.catalog, host.limits, self.transport.pinned_format)
         self.runner = SessionRunner(self.core, host.engine, self.transport, host.playout)
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(self.config.max_inbox)
         self._tasks: set[asyncio.Task[None]] = set()

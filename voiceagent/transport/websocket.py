@@ -44,8 +44,9 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
         await ws.send_text(json.dumps(error_event(ErrorCode.TOO_MANY_SESSIONS, refusal)))
         await ws.close(CloseCode.TRY_AGAIN_LATER, "too many sessions")
         return
-    core = SessionCore(uuid.uuid4().hex[:16], host.catalog, host.limits)
-    runner = SessionRunner(core, host.engine, WebSocketTransport(ws), host.playout)
+    transport = WebSocketTransport(ws)
+    core = SessionCore(uuid.uuid4().hex[:16], host.catalog, host.limits, transport.pinned_format)
+    runner = SessionRunner(core, host.engine, transport, host.playout)
     try:
         while True:
             message = await ws.receive()
