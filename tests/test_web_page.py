@@ -242,6 +242,11 @@ def test_cancel_silences_the_turn_and_closes_the_mouth(demo: Demo, transport: st
     # turn.cancelled carries that; WebRTC mutes what the jitter buffer still holds.
     assert turn["played_source"] == "listener", turn
     assert 400 <= turn["played_ms"] < turn["sent_ms"], turn
+    # The page silences its output at the click: the WebSocket player drops its queue,
+    # WebRTC mutes what the jitter buffer still holds (without that: ~90-100 ms of tail
+    # here). 60 ms allows the analyser's 21 ms window and a late animation frame.
+    last_loud = max((x["t"] for x in samples if x["out"] > AUDIBLE), default=0.0)
+    assert last_loud - t_cancel < 60, f"audible {last_loud - t_cancel:.0f} ms after cancel"
     later = [x for x in samples if x["t"] > t_cancel + 150]
     assert later, "no samples after the cancel"
     assert max(x["out"] for x in later) < AUDIBLE, "audio kept playing after cancel"
