@@ -146,6 +146,32 @@ CASES: list[tuple[str, Message, str]] = [
     ("text.end with no turn", {"type": "text.end"}, "no_open_turn"),
     ("cancel unknown turn", {"type": "cancel", "turn_id": "nope"}, "unknown_turn"),
     ("end unknown turn", {"type": "text.end", "turn_id": "nope"}, "unknown_turn"),
+    (
+        "playback unknown turn",
+        {"type": "playback", "turn_id": "nope", "played_ms": 0},
+        "unknown_turn",
+    ),
+    ("playback no turn_id", {"type": "playback", "played_ms": 0}, "invalid_message"),
+    (
+        "playback negative",
+        {"type": "playback", "turn_id": "t1", "played_ms": -5},
+        "invalid_parameter",
+    ),
+    (
+        "playback reports string",
+        {"type": "session.update", "playback": {"reports": "yes"}},
+        "invalid_parameter",
+    ),
+    (
+        "playback timeout 1e9",
+        {"type": "session.update", "playback": {"timeout_ms": 10**9}},
+        "invalid_parameter",
+    ),
+    (
+        "input rate float",
+        {"type": "session.update", "input": {"sample_rate": 16000.0}},
+        "invalid_parameter",
+    ),
 ]
 
 
