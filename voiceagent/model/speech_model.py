@@ -15,9 +15,6 @@ from .contract import PAD_TOKEN, FlowStage, VocoderStage, Voice
 from .lm import SpeechLM
 from .stretch import MelStretcher
 
-# pipeline/turn.py and older callers import Voice from here
-__all__ = ["FlowStage", "SpeechModel", "VocoderStage", "Voice"]
-
 
 @dataclass
 class SpeechModel:
