@@ -6,6 +6,7 @@ import io
 import itertools
 import math
 import struct
+import warnings
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from voiceagent.audio.codecs import (
     MulawEncoder,
     OpusEncoder,
     Pcm16Encoder,
+    alaw_decode,
+    alaw_encode,
     make_encoder,
     mulaw_decode,
     mulaw_encode,
@@ -263,6 +266,51 @@ def test_mulaw_encodes_silence_as_0xff() -> None:
     assert set(b"".join(frames)) == {0xFF}
 
 
+# --- A-law -------------------------------------------------------------------
+
+
+def test_alaw_reference_code_points() -> None:
+    # G.711 A-law: the smallest steps around zero are 0xD5 (+8) and 0x55 (-8); full
+    # scale is 0xAA / 0x2A (±32256); the even bits are sent inverted.
+    pcm = np.array([0, -1, 32767, -32768, 1000, -1000], dtype=np.int16)
+    assert alaw_encode(pcm).tolist() == [0xD5, 0x55, 0xAA, 0x2A, 0xFA, 0x7A]
+    assert alaw_decode(bytes([0xD5, 0x55, 0xAA, 0x2A])).tolist() == [8, -8, 32256, -32256]
+
+
+def test_g711_matches_the_standard_librarys_audioop() -> None:
+    audioop = pytest.importorskip("audioop", reason="audioop left the stdlib in Python 3.13")
+    x = np.arange(-32768, 32768, dtype=np.int32).astype(np.int16)
+    codes = bytes(range(256))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert alaw_encode(x).tobytes() == audioop.lin2alaw(x.tobytes(), 2)
+        assert alaw_decode(codes).tobytes() == audioop.alaw2lin(codes, 2)
+        assert mulaw_encode(x).tobytes() == audioop.lin2ulaw(x.tobytes(), 2)
+        assert mulaw_decode(codes).tobytes() == audioop.ulaw2lin(codes, 2)
+
+
+def test_alaw_every_code_survives_decode_encode() -> None:
+    codes = np.arange(256, dtype=np.uint8)
+    np.testing.assert_array_equal(alaw_encode(alaw_decode(codes)), codes)
+
+
+def test_alaw_error_is_within_half_a_step_of_its_segment() -> None:
+    x = np.arange(-32768, 32768, dtype=np.int32).astype(np.int16)
+    err = np.abs(alaw_decode(alaw_encode(x)).astype(np.int32) - x)
+    loud = np.abs(x.astype(np.int32)) >= 256
+    assert err.max() <= 512  # the top segment's half step
+    assert (err[loud] / np.abs(x[loud].astype(np.int32))).max() <= 1 / 32
+
+
+def test_alaw_encoder_frames_and_snr() -> None:
+    enc = make_encoder("alaw")
+    frames = encode_all(enc, sine(440, SOURCE_RATE, 1.0))
+    assert (enc.codec, enc.sample_rate) == ("alaw", 8000)
+    assert [len(f) for f in frames] == [160] * 50
+    y = alaw_decode(b"".join(frames)).astype(np.float32) / 32768
+    assert snr_db(sine(440, 8000, 1.0)[80:-80], y[80:-80]) > 30
+
+
 # --- factory -----------------------------------------------------------------
 
 
@@ -281,6 +329,7 @@ def test_make_encoder_builds_each_codec() -> None:
         ("pcm16", {"sample_rate": 44100}, "pcm16 sample_rate"),
         ("opus", {"sample_rate": 16000}, "opus sample_rate must be one of 48000"),
         ("mulaw", {"sample_rate": 16000}, "mulaw sample_rate must be one of 8000"),
+        ("alaw", {"sample_rate": 16000}, "alaw sample_rate must be one of 8000"),
         ("opus", {"bitrate": 10}, "bitrate"),
     ],
 )

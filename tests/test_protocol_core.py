@@ -576,7 +576,7 @@ def test_frame_header_layout_is_big_endian() -> None:
         bytes.fromhex("02010000" + "00" * 12),  # unknown version
         bytes.fromhex("00010000" + "00" * 12),
         bytes.fromhex("01000000" + "00" * 12),  # unknown codec
-        bytes.fromhex("01040000" + "00" * 12),
+        bytes.fromhex("01050000" + "00" * 12),
         b"not an audio frame at all",
     ],
 )

@@ -1,4 +1,5 @@
-"""Codecs: 20 ms float32 frames at the output rate -> packets (Opus, PCM16, G.711 μ-law).
+"""Codecs: 20 ms float32 frames at the output rate -> packets (Opus, PCM16, G.711 μ-law
+and A-law).
 Rates and limits come from format.py; framing (resample + cut) is framing.py's."""
 
 from __future__ import annotations
@@ -115,6 +116,33 @@ def mulaw_decode(codes: bytes | NDArray[np.uint8]) -> NDArray[np.int16]:
     return np.where(u & 0x80, _ULAW_BIAS - t, t - _ULAW_BIAS).astype(np.int16)
 
 
+# G.711 A-law segment end points on the 13-bit magnitude scale.
+_SEG_AEND = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF], dtype=np.int32)
+
+
+def alaw_encode(pcm: NDArray[np.int16]) -> NDArray[np.uint8]:
+    """G.711 A-law encode of 16-bit linear samples (Europe's telephony codec)."""
+    v = pcm.astype(np.int32) >> 3  # A-law works on 13-bit values
+    mask = np.where(v >= 0, 0xD5, 0x55)  # sign bit, and the even bits inverted
+    mag = np.where(v >= 0, v, -v - 1)
+    seg = np.searchsorted(_SEG_AEND, mag)
+    over = seg >= 8
+    seg = np.minimum(seg, 7)
+    shift = np.where(seg < 2, 1, seg)
+    aval = (seg << 4) | ((mag >> shift) & 0xF)
+    aval = np.where(over, 0x7F, aval)
+    return (aval ^ mask).astype(np.uint8)
+
+
+def alaw_decode(codes: bytes | NDArray[np.uint8]) -> NDArray[np.int16]:
+    """G.711 A-law decode to 16-bit linear samples."""
+    a = np.frombuffer(bytes(codes), dtype=np.uint8).astype(np.int32) ^ 0x55
+    seg = (a & 0x70) >> 4
+    t = ((a & 0x0F) << 4) + np.where(seg == 0, 8, 0x108)
+    t = np.where(seg > 1, t << np.maximum(seg - 1, 0), t)
+    return np.where(a & 0x80, t, -t).astype(np.int16)
+
+
 class MulawEncoder(Encoder):
     """8 kHz G.711 μ-law, 160 bytes per 20 ms: the telephony seam."""
 
@@ -123,6 +151,16 @@ class MulawEncoder(Encoder):
 
     def _encode(self, frame: Float32Array) -> bytes:
         return mulaw_encode(float_to_int16(frame)).tobytes()
+
+
+class AlawEncoder(Encoder):
+    """8 kHz G.711 A-law, 160 bytes per 20 ms."""
+
+    codec = "alaw"
+    sample_rate = MULAW_RATE
+
+    def _encode(self, frame: Float32Array) -> bytes:
+        return alaw_encode(float_to_int16(frame)).tobytes()
 
 
 def make_encoder(codec: str, sample_rate: int | None = None, bitrate: int | None = None) -> Encoder:
@@ -137,4 +175,4 @@ def make_encoder(codec: str, sample_rate: int | None = None, bitrate: int | None
         return OpusEncoder(DEFAULT_OPUS_BITRATE if bitrate is None else bitrate)
     if codec == "pcm16":
         return Pcm16Encoder(rate)
-    return MulawEncoder()
+    return MulawEncoder() if codec == "mulaw" else AlawEncoder()

@@ -7,14 +7,15 @@ MODEL_RATE = 24000  # the vocoder's PCM
 FRAME_MS = 20  # one packet on every transport (Opus, RTP, telephony)
 
 OPUS_RATE = 48000
-MULAW_RATE = 8000
+MULAW_RATE = 8000  # G.711 (μ-law and A-law): telephony
 PCM16_RATES = (8000, 16000, 24000, 48000)
 CODEC_RATES: dict[str, tuple[int, ...]] = {
     "opus": (OPUS_RATE,),
     "pcm16": PCM16_RATES,
     "mulaw": (MULAW_RATE,),
+    "alaw": (MULAW_RATE,),
 }
-DEFAULT_RATES = {"opus": OPUS_RATE, "pcm16": MODEL_RATE, "mulaw": MULAW_RATE}
+DEFAULT_RATES = {"opus": OPUS_RATE, "pcm16": MODEL_RATE, "mulaw": MULAW_RATE, "alaw": MULAW_RATE}
 CODECS = tuple(CODEC_RATES)
 OPUS_BITRATES = (6000, 510000)  # the range a session may ask for, in bit/s
 DEFAULT_OPUS_BITRATE = 32000

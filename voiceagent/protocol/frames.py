@@ -2,7 +2,7 @@
 
     offset size  field
     0      1     version (1)
-    1      1     codec (1 opus, 2 pcm16, 3 mulaw)
+    1      1     codec (1 opus, 2 pcm16, 3 mulaw, 4 alaw)
     2      2     flags (reserved, 0)
     4      4     turn number (as in turn events)
     8      4     sequence number of the frame within the turn, from 0
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 VERSION = 1
 HEADER = struct.Struct("!BBHIII")
-CODEC_IDS = {"opus": 1, "pcm16": 2, "mulaw": 3}
+CODEC_IDS = {"opus": 1, "pcm16": 2, "mulaw": 3, "alaw": 4}
 CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 
 

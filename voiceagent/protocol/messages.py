@@ -137,7 +137,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "format.sample_rate",
         int,
-        "opus: 48000; pcm16: any listed (its default 24000); mulaw: 8000. It follows the "
+        "opus: 48000; pcm16: any listed (its default 24000); mulaw, alaw: 8000. It follows "
+        "the "
         "codec: see below",
         tuple(sorted({r for rates in CODEC_RATES.values() for r in rates})),
     ),
