@@ -21,6 +21,10 @@ class ErrorCode(StrEnum):
     NO_OPEN_TURN = "no_open_turn"
     TURN_QUEUE_FULL = "turn_queue_full"
     TOO_MANY_SESSIONS = "too_many_sessions"
+    # telephony (docs/telephony.md)
+    UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
+    CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call
+    INVALID_CARRIER_MESSAGE = "invalid_carrier_message"  # the carrier broke its schema
     SYNTHESIS_FAILED = "synthesis_failed"
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the LM server (SGLang) cannot be reached
     INTERNAL_ERROR = "internal_error"
@@ -38,4 +42,5 @@ class CloseCode:
 
     NORMAL = 1000
     GOING_AWAY = 1001
+    POLICY_VIOLATION = 1008  # a telephony peer broke its platform's protocol
     TRY_AGAIN_LATER = 1013  # server at its session limit

@@ -182,7 +182,12 @@ class SessionCore:
             raise ProtocolError(ErrorCode.SESSION_ALREADY_STARTED, "session already started")
         base = Settings(voice=self.catalog.default_voice)
         self.settings = self._pin(apply_settings(base, changes, set(self.catalog.voices)))
-        event = {
+        return [SendEvent(self.describe())]
+
+    def describe(self) -> dict[str, Any]:
+        """The `session.created` event: the session's settings and what the server offers."""
+        assert self.settings is not None
+        return {
             "type": "session.created",
             "session_id": self.session_id,
             "settings": self.settings.to_dict(),
@@ -194,7 +199,6 @@ class SessionCore:
                 "max_turns": self.limits.max_turns,
             },
         }
-        return [SendEvent(event)]
 
     def _update(self, changes: dict[str, Any]) -> list[Action]:
         assert self.settings is not None

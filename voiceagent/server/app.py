@@ -4,6 +4,8 @@ GET  /health       readiness and load
 GET  /v1/voices    voices of the loaded model
 WS   /v1/ws        sessions (docs/protocol.md)
 POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webrtc.py)
+WS   /v1/telephony/{twilio,telnyx,vonage}  phone calls' media streams (docs/telephony.md)
+WS   /v1/calls     a bot attaches to a call and drives it
 GET  /             the browser demo (web/), when that folder exists
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,10 @@ from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..protocol.session import Catalog, Limits
 from ..session.playout import PlayoutConfig
+from ..telephony.bot_server import serve_bot
+from ..telephony.call import CallRegistry, TelephonyConfig
+from ..telephony.media_streams import DIALECTS
+from ..telephony.stream_server import serve_media_stream
 from ..transport.webrtc import WebRtcConfig, WebRtcGateway
 from ..transport.websocket import serve_websocket
 
@@ -50,6 +56,7 @@ class ServerConfig:
     voices_dir: Path | None = None  # voices added with `voiceagent voice add`
     voices_rescan_s: float = 2.0
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
+    telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
     web_dir: Path | None = DEFAULT_WEB_DIR  # served at / (None: no page)
 
 
@@ -58,6 +65,7 @@ class VoiceServer:
         self.engine = engine
         self.config = config
         self.sessions = 0
+        self.calls = CallRegistry()
         model = engine.model
         self.catalog = Catalog(
             voices=tuple(model.voices),
@@ -77,6 +85,11 @@ class VoiceServer:
             Route("/v1/voices", self.voices),
             WebSocketRoute("/v1/ws", self._websocket),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
+            WebSocketRoute("/v1/calls", self._bot),
+            *(
+                WebSocketRoute(f"/v1/telephony/{carrier}", self._media_stream(carrier))
+                for carrier in DIALECTS
+            ),
         ]
         web = config.web_dir
         if web is not None and (web / "index.html").is_file():
@@ -167,6 +180,10 @@ class VoiceServer:
     def playout(self) -> PlayoutConfig:
         return self.config.playout
 
+    @property
+    def telephony(self) -> TelephonyConfig:
+        return self.config.telephony
+
     def admit(self) -> str | None:
         limit = self.config.max_sessions
         if self.sessions >= limit:
@@ -179,6 +196,15 @@ class VoiceServer:
 
     async def _websocket(self, ws: WebSocket) -> None:
         await serve_websocket(self, ws)
+
+    async def _bot(self, ws: WebSocket) -> None:
+        await serve_bot(self, ws)
+
+    def _media_stream(self, carrier: str) -> Callable[[WebSocket], Awaitable[None]]:
+        async def serve(ws: WebSocket) -> None:
+            await serve_media_stream(self, ws, carrier)
+
+        return serve
 
 
 def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Config:

@@ -2,7 +2,7 @@
 
 The runner talks to a transport only through this interface, and a transport talks to
 the session only through the runner (`on_text`, `on_bytes`, `hear`, `listener_played`).
-WebSocket and WebRTC implement it now; telephony and compatibility endpoints next.
+WebSocket, WebRTC and the telephony carriers (telephony/) implement it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class Transport(ABC):
     """One session's connection to its listener."""
 
-    name: str  # "websocket", "webrtc": for logs and metrics
+    name: str  # "websocket", "webrtc", "twilio", ...: for logs and metrics
     # The only output format the transport can carry (None: the session's `format`).
     pinned_format: Format | None = None
 
@@ -35,8 +35,13 @@ class Transport(ABC):
         own queue is full (that wait paces the runner)."""
 
     @abstractmethod
-    def drop_turn(self, num: int) -> None:
-        """Discard the audio of turn `num` still queued inside the transport (cancel)."""
+    async def drop_turn(self, num: int) -> None:
+        """Discard the audio of turn `num` still queued inside the transport, or at the far
+        end (a carrier's `clear`): the turn is cancelled."""
+
+    async def end_turn(self, num: int) -> None:
+        """Turn `num` has sent its last frame (telephony: a final mark)."""
+        return None
 
     def sent_ms(self, num: int) -> int | None:
         """How much of turn `num` has left the server toward the listener, where the

@@ -180,7 +180,7 @@ class SessionRunner:
         core what the listener heard, at once or after waiting for its own report."""
         heard = self.heard(action.num)  # before the transport drops anything
         self._drop(action.num)
-        self.transport.drop_turn(action.num)
+        await self.transport.drop_turn(action.num)
         if not action.sent_audio:
             return
         if action.wait_listener_ms <= 0:
@@ -244,6 +244,7 @@ class SessionRunner:
             while True:
                 item = await turn.output.get()
                 if item is None:
+                    await self.transport.end_turn(num)
                     await self.execute(self.core.turn_done(num, self._timings(turn, start)))
                     return
                 if isinstance(item, TurnFailed):

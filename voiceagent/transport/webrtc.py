@@ -220,7 +220,7 @@ class WebRtcTransport(Transport):
     async def send_audio(self, frame: SendAudio) -> None:
         await self.track.put(frame.num, frame.payload)
 
-    def drop_turn(self, num: int) -> None:
+    async def drop_turn(self, num: int) -> None:
         self.track.drop_turn(num)
 
     def sent_ms(self, num: int) -> int | None:

@@ -32,7 +32,7 @@ class WebSocketTransport(Transport):
         packed = pack(AudioFrame(frame.codec, frame.num, frame.seq, frame.pts_ms, frame.payload))
         await self.ws.send_bytes(packed)
 
-    def drop_turn(self, num: int) -> None:
+    async def drop_turn(self, num: int) -> None:
         """Nothing is queued here: the runner sends each frame when it is due."""
 
 

@@ -1,0 +1,111 @@
+"""The bot's side of a call: it attaches to the call's session with the token it passed
+to the carrier (`session.attach`), then speaks the normal JSON protocol. Events for a
+bot not (yet) attached are kept, a bounded number."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections import deque
+from typing import Any
+
+import numpy as np
+from starlette.websockets import WebSocket
+
+from ..audio.resample import StreamResampler
+from ..protocol.errors import CloseCode
+from ..protocol.frames import AudioFrame, pack
+
+log = logging.getLogger(__name__)
+
+CALLER_AUDIO_RATES = (0, 8000, 16000)
+MIN_TOKEN_CHARS = 16  # the token is the only key to a call: it must not be guessable
+CALLER_TURN = 0  # caller audio goes to the bot as binary frames of "turn 0"
+
+
+class BotLink:
+    """Where a call's events go: the attached bot's WebSocket, else a bounded backlog."""
+
+    def __init__(self, backlog: int = 512) -> None:
+        self.ws: WebSocket | None = None
+        self._backlog: deque[dict[str, Any]] = deque(maxlen=backlog)
+        self._dropped = 0
+        self._caller_rate = 0
+        self._resampler: StreamResampler | None = None
+        self._caller_ms = 0
+        self._caller_seq = 0
+
+    @property
+    def attached(self) -> bool:
+        return self.ws is not None
+
+    async def send(self, event: dict[str, Any]) -> None:
+        if self.ws is not None:
+            try:
+                await self.ws.send_text(json.dumps(event))
+                return
+            except Exception:  # the bot went away mid-send: keep the event for the next one
+                self.ws = None
+        if event.get("type") == "audio.levels":
+            return  # lip-sync levels are worthless later
+        if len(self._backlog) == self._backlog.maxlen:
+            self._dropped += 1
+        self._backlog.append(event)
+
+    async def attach(self, ws: WebSocket, hello: dict[str, Any], caller_rate: int) -> None:
+        self.ws = ws
+        self._caller_rate = caller_rate
+        self._resampler = None
+        await ws.send_text(json.dumps(hello))
+        if self._dropped:
+            log.warning("%d events for the bot were dropped while none was attached", self._dropped)
+            self._dropped = 0
+        while self._backlog and self.ws is ws:
+            await ws.send_text(json.dumps(self._backlog.popleft()))
+
+    def detach(self, ws: WebSocket) -> None:
+        if self.ws is ws:
+            self.ws = None
+
+    async def caller_audio(self, pcm: bytes, rate: int) -> None:
+        """The caller's voice, for the bot's recognizer, as PCM16 frames if it asked."""
+        ws = self.ws
+        if ws is None or not self._caller_rate:
+            return
+        if self._resampler is None or self._resampler.in_rate != rate:
+            self._resampler = StreamResampler(rate, self._caller_rate)
+        x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
+        y = self._resampler.process(x)
+        out = np.clip(np.rint(y * 32768), -32768, 32767).astype("<i2").tobytes()
+        frame = AudioFrame("pcm16", CALLER_TURN, self._caller_seq, self._caller_ms, out)
+        self._caller_seq += 1
+        self._caller_ms += len(pcm) * 500 // rate  # 2 bytes per sample
+        with contextlib.suppress(Exception):
+            await ws.send_bytes(pack(frame))
+
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
+        ws, self.ws = self.ws, None
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await ws.close(code, reason)
+
+
+def parse_attach(text: str) -> dict[str, Any] | None:
+    """The `session.attach` message, if `text` is one."""
+    try:
+        msg = json.loads(text)
+    except ValueError:
+        return None
+    return msg if isinstance(msg, dict) and msg.get("type") == "session.attach" else None
+
+
+def check_attach(msg: dict[str, Any]) -> tuple[str, int] | str:
+    """(token, caller audio rate), or what is wrong with the message."""
+    token = msg.get("token")
+    if not isinstance(token, str) or not MIN_TOKEN_CHARS <= len(token) <= 256:
+        return f"'token' must be a string of {MIN_TOKEN_CHARS} to 256 characters"
+    rate = msg.get("caller_audio_rate", 0)
+    if isinstance(rate, bool) or rate not in CALLER_AUDIO_RATES:
+        return f"'caller_audio_rate' must be one of {', '.join(map(str, CALLER_AUDIO_RATES))}"
+    return token, int(rate)
