@@ -118,7 +118,13 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                     "language": "auto",
                     "speed": 1.0,
                     "sampling": {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "seed": 0},
-                    "format": {"codec": "opus", "sample_rate": 48000, "bitrate": 32000},
+                    "format": {
+                        "codec": "opus",
+                        "sample_rate": 48000,
+                        "bitrate": 32000,
+                        "framing": "header",
+                        "stream_sid": "",
+                    },
                     "input": {
                         "sample_rate": 0,
                         "vad_aggressiveness": 2,
@@ -158,7 +164,13 @@ def test_session_start_applies_the_settings_it_carries() -> None:
         "language": "en",
         "speed": 1.5,
         "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 0.8, "seed": 7},
-        "format": {"codec": "pcm16", "sample_rate": 16000, "bitrate": 32000},
+        "format": {
+            "codec": "pcm16",
+            "sample_rate": 16000,
+            "bitrate": 32000,
+            "framing": "header",
+            "stream_sid": "",
+        },
         "input": {
             "sample_rate": 0,
             "vad_aggressiveness": 2,

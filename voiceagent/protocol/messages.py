@@ -35,6 +35,10 @@ class Format:
     codec: str = "opus"
     sample_rate: int = DEFAULT_RATES["opus"]
     bitrate: int = DEFAULT_OPUS_BITRATE
+    # How frames travel on a WebSocket: with our header, bare, or as Twilio messages
+    # that a bot keeping its own media stream forwards as they are (docs/telephony.md).
+    framing: str = "header"
+    stream_sid: str = ""  # the Twilio streamSid written into `twilio` framing
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,15 @@ SETTINGS: tuple[Setting, ...] = (
         tuple(sorted({r for rates in CODEC_RATES.values() for r in rates})),
     ),
     Setting("format.bitrate", int, "bit/s, used only by Opus", lo=6000, hi=510000),
+    Setting(
+        "format.framing",
+        str,
+        "WebSocket only. `header`: binary frames with the header below; `raw`: binary, the "
+        "payload alone; `twilio`: Twilio `media`/`mark`/`clear` text messages to forward to "
+        "a Twilio media stream (mulaw only; docs/telephony.md)",
+        ("header", "raw", "twilio"),
+    ),
+    Setting("format.stream_sid", str, "the Twilio streamSid that `twilio` framing writes"),
     Setting(
         "input.sample_rate", int, "microphone PCM16 rate; 0: no microphone (WebSocket)", INPUT_RATES
     ),
@@ -309,6 +322,13 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
     if rate not in CODEC_RATES[codec]:
         rates = ", ".join(map(str, CODEC_RATES[codec]))
         raise _invalid(f"'format.sample_rate' for {codec} must be one of {rates}")
+    sid = values.get("format.stream_sid", current.format.stream_sid)
+    if len(sid) > 64:
+        raise _invalid("'format.stream_sid' is longer than 64 characters")
+    if values.get("format.framing", current.format.framing) == "twilio" and (
+        codec != "mulaw" or not sid
+    ):
+        raise _invalid("'twilio' framing needs format.codec mulaw and format.stream_sid")
     groups: dict[str, dict[str, Any]] = {}
     top: dict[str, Any] = {}
     for key, value in values.items():
