@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .protocol.session import Limits
     from .server.app import DEFAULT_WEB_DIR, ServerConfig, VoiceServer, serve
     from .session.playout import PlayoutConfig
+    from .telephony.call import TelephonyConfig
     from .transport.webrtc import WebRtcConfig
 
     model = load_model(args.model, args.device)
@@ -54,6 +56,12 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         voices_dir=voices_dir(args),
         webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // FRAME_MS)),
+        telephony=TelephonyConfig(
+            attach_timeout_s=args.bot_attach_timeout,
+            twilio_auth_token=os.environ.get("VOICEAGENT_TWILIO_AUTH_TOKEN") or None,
+            public_url=args.public_url,
+            audiosocket_port=args.audiosocket_port,
+        ),
         web_dir=Path(args.web) if args.web else DEFAULT_WEB_DIR,
     )
     log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
@@ -226,6 +234,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sglang-url", help="SGLang server, e.g. http://127.0.0.1:30000")
     s.add_argument("--sglang-export", help="the directory written by export-sglang")
     s.add_argument("--sglang-timeout", type=float, default=30.0, help="seconds per request")
+    s.add_argument(
+        "--public-url",
+        help="telephony: the https:// URL carriers reach this server by (Twilio signs it); "
+        "set VOICEAGENT_TWILIO_AUTH_TOKEN to check X-Twilio-Signature",
+    )
+    s.add_argument(
+        "--audiosocket-port", type=int, help="telephony: Asterisk AudioSocket TCP port (off)"
+    )
+    s.add_argument(
+        "--bot-attach-timeout",
+        type=float,
+        default=10.0,
+        help="telephony: seconds a call waits for its bot (and a bot for its call)",
+    )
     s.set_defaults(func=_serve)
 
     s = sub.add_parser("export-sglang", help="write the LM as a Qwen2 checkpoint for SGLang")
