@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import websockets
@@ -67,7 +67,7 @@ class _Call(ABC):
         self._hung_up = False
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def __aenter__(self) -> _Call:
+    async def __aenter__(self) -> Self:
         await self.open()
         return self
 
