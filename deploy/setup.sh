@@ -11,10 +11,12 @@ extras=""
 
 sudo=""
 [[ "$(id -u)" != 0 ]] && sudo="sudo"
-# libopus0: opuslib's codec. Tests also speak real speech prompts with espeak-ng and
-# drive the demo page (web/) in Debian's chromium.
+# libopus0: opuslib's codec. Tests also speak real speech prompts with espeak-ng, drive
+# the demo page (web/) in Debian's chromium, and place phone calls with real 8 kHz human
+# speech: Asterisk's prompts (asterisk-core-sounds-en-wav) and their transcripts
+# (asterisk-core-sounds-en, core-sounds-en.txt.gz).
 packages=(libopus0)
-[[ -n "$extras" ]] && packages+=(espeak-ng chromium)
+[[ -n "$extras" ]] && packages+=(espeak-ng chromium asterisk-core-sounds-en-wav asterisk-core-sounds-en)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
