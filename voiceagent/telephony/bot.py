@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from starlette.websockets import WebSocket
 
+from ..audio.format import FRAME_MS, frame_samples
 from ..audio.resample import StreamResampler
 from ..protocol.errors import CloseCode
 from ..protocol.frames import AudioFrame, pack
@@ -33,7 +34,7 @@ class BotLink:
         self._dropped = 0
         self._caller_rate = 0
         self._resampler: StreamResampler | None = None
-        self._caller_ms = 0
+        self._pending = b""  # resampled caller audio short of a whole frame
         self._caller_seq = 0
 
     @property
@@ -69,20 +70,24 @@ class BotLink:
             self.ws = None
 
     async def caller_audio(self, pcm: bytes, rate: int) -> None:
-        """The caller's voice, for the bot's recognizer, as PCM16 frames if it asked."""
+        """The caller's voice, for the bot's recognizer, as 20 ms PCM16 frames if it asked."""
         ws = self.ws
         if ws is None or not self._caller_rate:
             return
         if self._resampler is None or self._resampler.in_rate != rate:
             self._resampler = StreamResampler(rate, self._caller_rate)
+            self._pending = b""
         x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
-        y = self._resampler.process(x)
-        out = np.clip(np.rint(y * 32768), -32768, 32767).astype("<i2").tobytes()
-        frame = AudioFrame("pcm16", CALLER_TURN, self._caller_seq, self._caller_ms, out)
-        self._caller_seq += 1
-        self._caller_ms += len(pcm) * 500 // rate  # 2 bytes per sample
-        with contextlib.suppress(Exception):
-            await ws.send_bytes(pack(frame))
+        y = self._resampler.process(x)  # soxr hands out what it has: any length
+        self._pending += np.clip(np.rint(y * 32768), -32768, 32767).astype("<i2").tobytes()
+        size = 2 * frame_samples(self._caller_rate)
+        while len(self._pending) >= size:
+            out, self._pending = self._pending[:size], self._pending[size:]
+            seq = self._caller_seq
+            self._caller_seq += 1
+            frame = AudioFrame("pcm16", CALLER_TURN, seq, seq * FRAME_MS, out)
+            with contextlib.suppress(Exception):
+                await ws.send_bytes(pack(frame))
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         ws, self.ws = self.ws, None

@@ -1,0 +1,431 @@
+"""Phone calls through voiceagent, way (a): a simulated carrier (bench/carriers.py, which
+follows each platform's schema and plays our audio on its own 20 ms clock) places the
+call, a bot attaches by token at /v1/calls and drives it. The caller who barges in is a
+real person: Asterisk's recorded prompts (8 kHz speech, Debian asterisk-core-sounds-en-wav).
+
+Timing is read on the carrier's clock (its playout and echo records), with bounds that
+hold on a busy machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import websockets
+from conftest import run
+from twilio.request_validator import RequestValidator
+
+from voiceagent.bench import phone_speech
+from voiceagent.bench.carriers import (
+    SimulatedTelnyxCall,
+    SimulatedTwilioCall,
+    SimulatedVonageCall,
+)
+from voiceagent.bench.clients import Client, connect
+from voiceagent.protocol import frames
+from voiceagent.server.background import BackgroundServer
+from voiceagent.telephony.call import TelephonyConfig
+
+LONG = (
+    "Thank you for calling the support line. Your call matters to us, and an agent will "
+    "be with you shortly. Meanwhile, you can find answers to many questions on our site."
+)
+
+
+def token() -> str:
+    return secrets.token_urlsafe(18)
+
+
+def base(server: BackgroundServer) -> str:
+    return server.url.removesuffix("/v1/ws")
+
+
+def twilio(server: BackgroundServer, **params: str) -> SimulatedTwilioCall:
+    return SimulatedTwilioCall(base(server) + "/v1/telephony/twilio", params)
+
+
+async def attach(server: BackgroundServer, tok: str, **extra: Any) -> Client:
+    """A bot on /v1/calls, attached to the call with token `tok`."""
+    bot = Client(await connect(base(server) + "/v1/calls"))
+    await bot.send({"type": "session.attach", "token": tok, **extra})
+    return bot
+
+
+async def attached(server: BackgroundServer, tok: str, **extra: Any) -> tuple[Client, dict]:
+    bot = await attach(server, tok, **extra)
+    created = await bot.event()
+    assert created["type"] == "session.created", created
+    return bot, created
+
+
+async def until(bot: Client, kind: str, timeout: float = 30) -> dict[str, Any]:
+    """The bot's next event of `kind`, skipping others."""
+    while True:
+        event = await bot.event(timeout)
+        if event["type"] == kind:
+            return event
+
+
+def heard_ms(played: list[Any], before: float, rate: int = 8000) -> float:
+    """Milliseconds of audio the carrier played before time `before`, the frame in
+    progress counted up to `before`."""
+    total = 0.0
+    for p in played:
+        if p.pcm.size and p.at < before:
+            total += min(p.pcm.size / rate, before - p.at) * 1000
+    return total
+
+
+def has_sound(pcm: np.ndarray) -> bool:
+    return pcm.size > 0 and float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) > 50
+
+
+@pytest.fixture(scope="module")
+def caller_speech() -> np.ndarray:
+    if not phone_speech.available():
+        pytest.skip("asterisk-core-sounds-en-wav is not installed (deploy/setup.sh --test)")
+    sentence = phone_speech.barge_in_sentences(1)[0]
+    return sentence.pcm
+
+
+# -- a Twilio call from start to end ---------------------------------------------------
+
+
+def test_a_twilio_call_hears_the_bots_deltas_and_marks_tell_when_all_was_heard(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server()
+    tok = token()
+
+    async def go() -> None:
+        async with twilio(server, token=tok, voice="narrator") as call:
+            bot, created = await attached(server, tok)
+            assert created["call"]["carrier"] == "twilio"
+            assert created["call"]["params"] == {"voice": "narrator"}  # never the token
+            assert created["settings"]["voice"] == "narrator"
+            assert created["settings"]["format"]["codec"] == "mulaw"
+            assert created["settings"]["barge_in"]["mode"] == "cancel"
+            for delta in ("Hello, thanks ", "for calling. How can ", "I help you today?"):
+                await bot.send({"type": "text.delta", "turn_id": "greet", "text": delta})
+            await bot.send({"type": "text.end"})
+            done = await until(bot, "turn.done")
+            sent_ms = done["sent_ms"]
+            # The final mark echoes once the carrier has played the turn to its end.
+            last = f"va:{done['turn']}:{sent_ms}"
+            await call.wait_until(lambda: any(m.name == last for m in call.marks), 10)
+            echo = next(m for m in call.marks if m.name == last)
+            assert echo.by == "play"
+            assert len(call.played_pcm()) == sent_ms * 8  # every sample, 8 per ms
+            assert has_sound(call.played_pcm())
+            # Marks came every 100 ms and each echoed only after its audio had played.
+            assert sum(m.name.startswith("va:") for m in call.marks) == -(-sent_ms // 100)
+            assert call.underruns == 0
+            assert not call.violations, call.violations
+            await call.send_dtmf("5")
+            assert (await until(bot, "dtmf"))["digit"] == "5"
+
+    run(go())
+
+
+def test_a_caller_who_speaks_stops_the_bot_and_played_ms_is_what_the_carrier_played(
+    make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray
+) -> None:
+    server = make_server()
+    tok = token()
+
+    async def go() -> None:
+        async with twilio(server, token=tok) as call:
+            bot, _ = await attached(server, tok)
+            await bot.send({"type": "speak", "text": LONG})
+            await call.wait_until(lambda: heard_ms(call.played, 1e18) >= 1000, 30)
+            call.say(caller_speech)
+            assert (await until(bot, "speech_started"))["type"] == "speech_started"
+            cancelled = await until(bot, "turn.cancelled")
+            assert cancelled["reason"] == "barge_in"
+            assert call.clears, "no clear reached the carrier"
+            clear_at = call.clears[0]
+            # Nothing of the turn came after the clear (the carrier would have played it).
+            assert all(t <= clear_at for t in call.media_at)
+            truth = heard_ms(call.played, clear_at)
+            assert cancelled["played_source"] == "report"  # from the marks
+            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            assert call.said_at and clear_at - call.said_at[0] < 2.0
+            assert not call.violations, call.violations
+
+    run(go())
+
+
+def test_the_bot_may_attach_first_and_receive_the_callers_audio_at_16_khz(
+    make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray
+) -> None:
+    server = make_server()
+    tok = token()
+
+    async def go() -> None:
+        bot_task = asyncio.ensure_future(attached(server, tok, caller_audio_rate=16000))
+        await asyncio.sleep(0.3)  # the bot waits for its call
+        async with twilio(server, token=tok) as call:
+            bot, created = await bot_task
+            assert created["call"]["call_id"]
+            call.say(caller_speech)
+            received: list[frames.AudioFrame] = []
+            while sum(len(f.payload) for f in received) < 2 * 16000 * 1.5:
+                msg = await asyncio.wait_for(bot.ws.recv(), 10)
+                if isinstance(msg, bytes):
+                    received.append(frames.unpack(msg))
+            assert {(f.codec, f.turn) for f in received} == {("pcm16", 0)}
+            assert all(len(f.payload) == 640 for f in received)  # 20 ms at 16 kHz
+            assert [f.pts_ms for f in received[:3]] == [0, 20, 40]
+            pcm = np.frombuffer(b"".join(f.payload for f in received), dtype="<i2")
+            assert has_sound(pcm)
+
+    run(go())
+
+
+# -- Telnyx and Vonage -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("carrier", ["telnyx", "vonage"])
+def test_telnyx_and_vonage_calls_hear_the_bot_get_cleared_and_deliver_dtmf(
+    make_server: Callable[..., BackgroundServer], carrier: str
+) -> None:
+    server = make_server()
+    tok = token()
+    url = f"{base(server)}/v1/telephony/{carrier}"
+    call = (
+        SimulatedTelnyxCall(url, {"token": tok}, encoding="L16", rate=16000)
+        if carrier == "telnyx"
+        else SimulatedVonageCall(url, {"token": tok}, rate=16000)
+    )
+
+    async def go() -> None:
+        async with call:
+            bot, created = await attached(server, tok)
+            assert created["call"]["carrier"] == carrier
+            assert created["settings"]["format"] == {
+                **created["settings"]["format"],
+                "codec": "pcm16",
+                "sample_rate": 16000,
+            }
+            await bot.send({"type": "speak", "text": LONG})
+            await call.wait_until(lambda: heard_ms(call.played, 1e18, 16000) >= 600, 30)
+            assert has_sound(call.played_pcm())
+            await bot.send({"type": "cancel"})
+            cancelled = await until(bot, "turn.cancelled")
+            await call.wait_until(lambda: bool(call.clears), 5)
+            truth = heard_ms(call.played, call.clears[0], 16000)
+            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            await call.send_dtmf("#")
+            assert (await until(bot, "dtmf"))["digit"] == "#"
+            assert not call.violations, call.violations
+
+    run(go())
+
+
+# -- the bot's side ---------------------------------------------------------------------
+
+
+def test_the_bot_switches_voices_between_turns_and_hangs_up(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server()
+    tok = token()
+
+    async def go() -> None:
+        async with twilio(server, token=tok, voice="nobody") as call:
+            bot, created = await attached(server, tok)
+            # A parameter that cannot be used is reported; the call keeps its default.
+            error = await until(bot, "error")
+            assert error["code"] == "unknown_voice"
+            assert created["settings"]["voice"] == "agent"
+            await bot.send({"type": "session.update", "voice": "narrator"})
+            assert (await until(bot, "session.updated"))["settings"]["voice"] == "narrator"
+            await bot.send({"type": "speak", "text": "Hi."})
+            assert (await until(bot, "turn.started"))["voice"] == "narrator"
+            await until(bot, "turn.done")
+            await bot.send({"type": "call.hangup"})
+            ended = await until(bot, "call.ended")
+            assert ended["reason"] in ("disconnected", "stop")
+            await call.wait_until(lambda: call.close_code is not None, 5)
+            assert call.close_code == 1000
+        assert server.voice_server.sessions == 0
+
+    run(go())
+
+
+def test_a_call_whose_bot_never_comes_or_leaves_is_hung_up(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server(telephony=TelephonyConfig(attach_timeout_s=0.5, bot_grace_s=0.5))
+
+    async def go() -> None:
+        async with twilio(server, token=token()) as lonely:
+            await lonely.wait_until(lambda: lonely.close_code is not None, 5)
+            assert lonely.close_code == 1000
+        tok = token()
+        async with twilio(server, token=tok) as call:
+            bot, _ = await attached(server, tok)
+            await bot.ws.close()
+            await call.wait_until(lambda: call.close_code is not None, 5)
+        # A bot that asks for a call nobody placed hears so once the wait is over.
+        bot = await attach(server, token())
+        error = await bot.event()
+        assert error["code"] == "unknown_call"
+
+    run(go())
+
+
+def test_bad_attach_messages_are_refused_with_a_code(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server()
+    tok = token()
+
+    async def refused(first: str | bytes) -> tuple[dict[str, Any], int | None]:
+        async with connect(base(server) + "/v1/calls") as ws:
+            await ws.send(first)
+            event = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(ws.recv(), 5)
+            return event, ws.close_code
+
+    async def go() -> None:
+        for first in (
+            "not json",
+            json.dumps({"type": "session.start"}),
+            json.dumps({"type": "session.attach", "token": "short"}),
+            json.dumps({"type": "session.attach", "token": tok, "caller_audio_rate": 44100}),
+        ):
+            event, code = await refused(first)
+            assert event["code"] == "invalid_parameter" and code == 1008, (first, event)
+        async with twilio(server, token=tok):
+            bot, _ = await attached(server, tok)
+            second = await attach(server, tok)
+            assert (await second.event())["code"] == "call_already_attached"
+            await bot.send(b"\x00\x01")  # audio comes from the carrier, not the bot
+            assert (await until(bot, "error"))["code"] == "unexpected_binary"
+            await bot.send({"type": "session.start"})
+            assert (await until(bot, "error"))["code"] == "session_already_started"
+            await bot.send({"type": "speak", "text": "Still here."})
+            await until(bot, "turn.done")
+
+    run(go())
+
+
+# -- bad input from the carrier -----------------------------------------------------------
+
+
+def test_a_carriers_bad_messages_are_reported_and_touch_no_other_call(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server()
+    tok_a, tok_b = token(), token()
+
+    async def go() -> None:
+        async with twilio(server, token=tok_a) as a, twilio(server, token=tok_b) as b:
+            bot_a, _ = await attached(server, tok_a)
+            bot_b, _ = await attached(server, tok_b)
+            await bot_b.send({"type": "speak", "text": LONG})
+            await a.send_raw("{not json")
+            await a.send_bad_base64()
+            await a.send_unknown_event()
+            await a.send_raw(json.dumps({"event": "dtmf", "dtmf": {"digit": "xyz"}}))
+            await a.send_raw(json.dumps({"event": "start", "start": {}}))  # a second start
+            codes = [(await until(bot_a, "error"))["code"] for _ in range(4)]
+            assert codes == ["invalid_carrier_message"] * 4
+            await bot_a.send({"type": "speak", "text": "Hello."})  # call a still works
+            await until(bot_a, "turn.done")
+            done_b = await until(bot_b, "turn.done")  # call b never noticed
+            await b.wait_until(lambda: heard_ms(b.played, 1e18) >= done_b["sent_ms"] - 20, 10)
+            assert b.underruns == 0 and not b.violations
+
+    run(go())
+
+
+def test_broken_starts_and_tokens_are_closed_with_a_code(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server(max_sessions=1)
+    tok = token()
+
+    async def closed(call: SimulatedTwilioCall) -> int | None:
+        await call.wait_until(lambda: call.close_code is not None, 5)
+        await call.close()
+        return call.close_code
+
+    async def go() -> None:
+        early = twilio(server, token=token())
+        await early.open(start=False)
+        await early.send_media_now()  # media before start
+        assert await closed(early) == 1008
+        no_token = twilio(server)
+        await no_token.open()
+        assert await closed(no_token) == 1008
+        async with twilio(server, token=tok) as first:
+            bot, _ = await attached(server, tok)
+            same = twilio(server, token=tok)  # also refused for being full
+            await same.open()
+            assert await closed(same) in (1008, 1013)
+            full = twilio(server, token=token())
+            await full.open()
+            assert await closed(full) == 1013
+            assert first.close_code is None  # the live call goes on
+            await bot.send({"type": "speak", "text": "Still fine."})
+            await until(bot, "turn.done")
+
+    run(go())
+
+
+def test_a_carrier_that_vanishes_mid_turn_ends_the_call_for_its_bot(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server()
+    tok = token()
+
+    async def go() -> None:
+        call = twilio(server, token=tok)
+        await call.open()
+        bot, _ = await attached(server, tok)
+        await bot.send({"type": "speak", "text": LONG})
+        await until(bot, "turn.first_audio")
+        assert call.ws is not None
+        call.ws.transport.abort()  # the carrier's connection drops without a close
+        ended = await until(bot, "call.ended")
+        assert ended["reason"] == "disconnected"
+        await call.close()
+        for _ in range(100):
+            if server.voice_server.sessions == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert server.voice_server.sessions == 0
+
+    run(go())
+
+
+def test_twilio_streams_must_carry_a_valid_signature_when_a_token_is_set(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    secret = "twilio-auth-token"
+    server = make_server(telephony=TelephonyConfig(twilio_auth_token=secret))
+    url = base(server) + "/v1/telephony/twilio"
+    signed = RequestValidator(secret).compute_signature(url.replace("ws://", "wss://"), {})
+    tok = token()
+
+    async def go() -> None:
+        forged = SimulatedTwilioCall(url, {"token": token()}, {"X-Twilio-Signature": "bad"})
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            await forged.open()
+        assert refused.value.response.status_code == 403
+        call = SimulatedTwilioCall(url, {"token": tok}, {"X-Twilio-Signature": signed})
+        async with call:
+            bot, _ = await attached(server, tok)
+            await bot.send({"type": "speak", "text": "Signed."})
+            await until(bot, "turn.done")
+
+    run(go())
