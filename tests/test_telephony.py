@@ -429,3 +429,66 @@ def test_twilio_streams_must_carry_a_valid_signature_when_a_token_is_set(
             await until(bot, "turn.done")
 
     run(go())
+
+
+# -- way (b): the bot keeps its own media stream ------------------------------------------
+
+
+def test_a_bot_that_keeps_its_twilio_stream_forwards_our_messages_and_barge_in_works(
+    make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray
+) -> None:
+    """The bot is Twilio's server here: it relays voiceagent's `twilio` framing to Twilio
+    unchanged, and Twilio's media and mark echoes back to voiceagent unchanged."""
+    server = make_server()
+    events: list[dict[str, Any]] = []
+
+    async def bot(twilio_ws: Any) -> None:
+        async for message in twilio_ws:  # connected, then start
+            if json.loads(message)["event"] == "start":
+                sid = json.loads(message)["streamSid"]
+                break
+        async with connect(server.url) as va:
+            session = Client(va)
+            await session.start(
+                format={"codec": "mulaw", "framing": "twilio", "stream_sid": sid},
+                barge_in={"mode": "cancel"},
+            )
+            await session.send({"type": "speak", "text": LONG})
+
+            async def down() -> None:
+                async for message in va:
+                    assert isinstance(message, str)  # twilio framing: text only
+                    msg = json.loads(message)
+                    if "event" in msg:
+                        await twilio_ws.send(message)
+                    else:
+                        events.append(msg)
+
+            async def up() -> None:
+                async for message in twilio_ws:
+                    await va.send(message)
+
+            relaying = asyncio.ensure_future(down())
+            await up()  # until Twilio hangs up
+            relaying.cancel()
+
+    async def go() -> None:
+        async with websockets.serve(bot, "127.0.0.1", 0) as relay:
+            port = relay.sockets[0].getsockname()[1]
+            async with SimulatedTwilioCall(f"ws://127.0.0.1:{port}/stream") as call:
+                await call.wait_until(lambda: heard_ms(call.played, 1e18) >= 1000, 30)
+                call.say(caller_speech)
+                await call.wait_until(
+                    lambda: any(e["type"] == "turn.cancelled" for e in events), 10
+                )
+                cancelled = next(e for e in events if e["type"] == "turn.cancelled")
+                assert cancelled["reason"] == "barge_in"
+                assert call.clears and all(t <= call.clears[0] for t in call.media_at)
+                truth = heard_ms(call.played, call.clears[0])
+                assert cancelled["played_source"] == "report"
+                assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+                assert not call.violations, call.violations
+                errors = [e for e in events if e["type"] == "error"]
+                assert not errors, errors
+
+    run(go())
