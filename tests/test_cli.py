@@ -15,6 +15,7 @@ import wave
 import av
 import pytest
 
+from voiceagent.bench import phone_speech
 from voiceagent.bench.clients import Client, connect
 from voiceagent.model.tiny import checkpoint as tiny
 from voiceagent.server.background import free_port
@@ -156,6 +157,33 @@ def test_webrtc_bench_reports_real_time_sessions_and_barge_in_latency(tiny_dir):
     # VAD onset (60 ms) + a frame each way at least; far below a second on loopback
     assert 80 < report["bargein_ms_p50"] <= report["bargein_ms_p95"] < 1000
     assert 0 < report["server_cpu_pct_per_session"] < 200
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not phone_speech.available(), reason="asterisk-core-sounds-en-wav")
+def test_telephony_bench_places_calls_that_play_and_barge_in(tiny_dir):
+    """One simulated Twilio call with a bot through the in-process server: two turns, the
+    caller talks over the second, and the carrier gets `clear`."""
+    args = ["bench", "--scenario", "telephony", "--model", str(tiny_dir), "--sessions", "1"]
+    proc = subprocess.run(
+        [*CLI, "--log-level", "warning", *args, "--turns", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    report = json.loads(proc.stdout)
+    assert report["model"] == "tiny" and report["random_weights"] is True
+    assert report["calls_realtime"] >= 1
+    assert 0 < report["ttfa_ms_p50"] <= report["ttfa_ms_p95"]
+    assert report["clear_ms_p95"] > 0  # the sentence's onset, then VAD onset (60 ms) at least
+    assert report["cpu_pct_per_call"] > 0
+    (row,) = report["levels"]
+    assert row["calls"] == 1 and row["turns"] == 2 and row["failed_calls"] == 0
+    assert row["barge_ins"] == row["clears"] == 1 and row["underruns"] == 0
+    assert row["violations"] == 0 and row["late_media"] == 0 and row["errors"] == []
+    for key in ("ttfa_ms_p50", "ttfa_ms_p95", "clear_ms_p95", "cpu_pct_per_call"):
+        assert row[key] is not None
 
 
 @pytest.mark.timeout(300)

@@ -269,19 +269,23 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "cutoff", "chunk-cost"],
+        choices=["ws", "webrtc", "telephony", "cutoff", "chunk-cost"],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
-        "over WebRTC; cutoff: work spent on a turn a barge-in cuts off; chunk-cost: "
-        "flow+vocoder time of chunk 1 vs 20",
+        "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; cutoff: "
+        "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
+        "1 vs 20",
     )
     s.add_argument("--model")
-    s.add_argument("--sessions", help="concurrency levels (ws: 1,8; webrtc: 1,2,4,8,12,16)")
-    s.add_argument("--turns", type=int, default=3, help="turns per session")
+    s.add_argument(
+        "--sessions",
+        help="concurrency levels (ws: 1,8; webrtc, telephony: 1,2,4,8,12,16)",
+    )
+    s.add_argument("--turns", type=int, default=3, help="turns per session (telephony: per call)")
     s.add_argument("--repeats", type=int, default=1, help="chunk-cost: runs (median taken)")
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
-    s.add_argument("--max-speech-s", type=float, help="as in serve (ws: 60, webrtc: 3)")
+    s.add_argument("--max-speech-s", type=float, help="as in serve (ws: 60, webrtc, telephony: 3)")
     s.add_argument("--sglang-url", help="ws scenario: also measure with this SGLang server")
     s.add_argument("--sglang-export", help="the export-sglang directory it serves")
     s.add_argument(
@@ -290,7 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="webrtc: frames the client's jitter buffer holds (aiortc's default: 4)",
     )
-    s.add_argument("--max-ahead-ms", type=int, default=5000, help="webrtc, cutoff: as in serve")
+    s.add_argument(
+        "--max-ahead-ms", type=int, default=5000, help="webrtc, telephony, cutoff: as in serve"
+    )
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 

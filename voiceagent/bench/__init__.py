@@ -2,6 +2,7 @@
 
 ws.py       --scenario ws: TTFA and RTF over WebSocket, streaming vs the baseline
 webrtc.py   --scenario webrtc: real-time sessions and barge-in latency over WebRTC
+telephony.py --scenario telephony: simulated Twilio calls with bots, barge-in, CPU
 cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
 clients.py  WebSocket client, aiortc peer, paced microphone track
@@ -38,6 +39,20 @@ def run_bench(args: argparse.Namespace) -> int:
         model = load_model(args.model, args.device)
         report = cutoff.measure(model, max_ahead_ms=args.max_ahead_ms)
         text = cutoff.table(report)
+    elif args.scenario == "telephony":
+        from . import telephony
+
+        model = load_model(args.model, args.device)
+        levels = [int(x) for x in (args.sessions or "1,2,4,8,12,16").split(",")]
+        report = telephony.measure(
+            model,
+            levels,
+            telephony.Options(turns=args.turns),
+            lead_ms=args.lead_ms,
+            max_speech_s=args.max_speech_s or 3.0,
+            max_ahead_ms=args.max_ahead_ms,
+        )
+        text = telephony.table(report)
     elif args.scenario == "webrtc":
         from . import webrtc
 

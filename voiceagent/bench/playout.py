@@ -37,19 +37,28 @@ class Played:
 class Playout:
     """The carrier's playback buffer, without I/O: audio and marks in arrival order, one
     frame taken per `tick`. An underrun: the buffer ran dry after audio of a stretch (the
-    audio since the last mark or clear) and more audio of that stretch came later."""
+    audio since the last mark or clear) and more audio of that stretch came later.
+
+    A server that marks inside a turn (voiceagent: every 100 ms) ends a stretch at each
+    mark, so a turn that runs dry just after one of them is no underrun by that count.
+    `dry_spells` records every time the buffer ran dry after audio and audio came again,
+    marks or not (a clear ends one): a caller that knows where its turns begin and end
+    (bench/telephony.py) counts the spells inside a turn."""
 
     def __init__(self, rate: int, max_samples: int | None = None) -> None:
         self.rate, self.n, self.max_samples = rate, int(rate * FRAME_S), max_samples
         self.played: list[Played] = []
         self.underruns = 0
         self.gaps: list[tuple[float, float]] = []  # (ran dry, next audio came) per underrun
+        self.dry_spells: list[tuple[float, float]] = []  # (ran dry, next audio came), all
         self._queue: deque[Int16 | str] = deque()
         self._samples = 0
         self._due: list[str] = []  # marks passed mid-frame: their audio ends with the frame
         self._busy_until = 0.0  # end of the audio in the frame now playing
         self._tail_is_audio = False
         self._dry_since: float | None = None
+        self._had_audio = False  # audio came since the last clear
+        self._spell_since: float | None = None
 
     @property
     def queued_s(self) -> float:
@@ -63,7 +72,11 @@ class Playout:
             self.underruns += 1
             self.gaps.append((self._dry_since, now))
             self._dry_since = None
+        if self._spell_since is not None and pcm.size:
+            self.dry_spells.append((self._spell_since, now))
+            self._spell_since = None
         if pcm.size:
+            self._had_audio = True
             self._queue.append(pcm)
             self._samples += pcm.size
             self._tail_is_audio = True
@@ -83,6 +96,7 @@ class Playout:
         self._queue.clear()
         self._due, self._samples, self._busy_until = [], 0, 0.0
         self._tail_is_audio, self._dry_since = False, None
+        self._had_audio, self._spell_since = False, None
         return marks
 
     def tick(self, t: float) -> list[str]:
@@ -111,4 +125,6 @@ class Playout:
             )
         if need and self._tail_is_audio and self._dry_since is None:
             self._dry_since = t + got / self.rate
+        if need and self._had_audio and self._spell_since is None:
+            self._spell_since = t + got / self.rate
         return due
