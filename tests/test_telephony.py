@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +24,7 @@ from conftest import run
 from twilio.request_validator import RequestValidator
 
 from voiceagent.bench import phone_speech
+from voiceagent.bench.asterisk import SimulatedAsteriskWebSocketCall, SimulatedAudioSocketCall
 from voiceagent.bench.carriers import (
     SimulatedTelnyxCall,
     SimulatedTwilioCall,
@@ -29,7 +32,7 @@ from voiceagent.bench.carriers import (
 )
 from voiceagent.bench.clients import Client, connect
 from voiceagent.protocol import frames
-from voiceagent.server.background import BackgroundServer
+from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.telephony.call import TelephonyConfig
 
 LONG = (
@@ -490,5 +493,100 @@ def test_a_bot_that_keeps_its_twilio_stream_forwards_our_messages_and_barge_in_w
                 assert not call.violations, call.violations
                 errors = [e for e in events if e["type"] == "error"]
                 assert not errors, errors
+
+    run(go())
+
+
+# -- Asterisk ------------------------------------------------------------------------------
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def frames_heard_ms(frames: list[Any], before: float = 1e18) -> float:
+    """Audio the Asterisk caller heard before `before` (frames carry their rate)."""
+    return sum(min(f.duration, max(0.0, before - f.at)) * 1000 for f in frames if f.pcm.size)
+
+
+def test_an_audiosocket_call_hears_the_bot_barges_in_and_sends_dtmf(
+    make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray
+) -> None:
+    port = free_port()
+    server = make_server(
+        telephony=TelephonyConfig(audiosocket_host="127.0.0.1", audiosocket_port=port)
+    )
+    call_id = str(uuid.uuid4())
+
+    async def go() -> None:
+        async with SimulatedAudioSocketCall("127.0.0.1", port, call_id=call_id) as call:
+            bot, created = await attached(server, call_id)  # the UUID is the token
+            assert created["call"]["carrier"] == "audiosocket"
+            assert created["settings"]["format"]["sample_rate"] == 8000
+            await bot.send({"type": "speak", "text": LONG})
+            await eventually(lambda: frames_heard_ms(call.playback.frames) >= 1000, 30)
+            # Asterisk plays what arrives at once: our frames must come paced, 20 ms apart.
+            arrivals = [f.at for f in call.playback.frames[5:40]]
+            spacing = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+            assert 0.015 < spacing < 0.03, spacing
+            call.say(caller_speech)
+            cancelled = await until(bot, "turn.cancelled")
+            assert cancelled["reason"] == "barge_in"
+            truth = frames_heard_ms(call.playback.frames)
+            await asyncio.sleep(0.3)
+            # Nothing more was played after the cancel (we hold back what is not due).
+            assert frames_heard_ms(call.playback.frames) - truth <= 20
+            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            await call.send_dtmf("7")
+            assert (await until(bot, "dtmf"))["digit"] == "7"
+            await bot.send({"type": "call.hangup"})
+            assert await call.wait_ended(5)
+            assert call.server_hung_up
+
+    run(go())
+
+
+@pytest.mark.parametrize("control", ["plain-text", "json"])
+def test_an_asterisk_websocket_call_honours_xoff_flushes_on_barge_in_and_marks_tell_played(
+    make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray, control: str
+) -> None:
+    server = make_server()
+    tok = token()
+    url = base(server) + "/v1/telephony/asterisk"
+
+    async def go() -> None:
+        call = SimulatedAsteriskWebSocketCall(
+            url,
+            control_format=control,
+            uri_params={"token": tok, "voice": "narrator"},
+            xoff_level=6,  # our 200 ms lead is 10 frames: Asterisk pushes back at once
+            xon_level=3,
+        )
+        async with call:
+            bot, created = await attached(server, tok)
+            assert created["call"]["carrier"] == "asterisk"
+            assert created["settings"]["voice"] == "narrator"
+            await bot.send({"type": "speak", "text": LONG})
+            await eventually(lambda: frames_heard_ms(call.playback.frames) >= 1000, 30)
+            xoffs = call.times("xoff")
+            assert xoffs and call.times("xon")
+            # Each XOFF stops us: only frames already on their way (at most our 10-frame
+            # lead) arrive after it. A server that ignored it would go on at 50 a second.
+            assert call.media_while_xoff <= 10 * len(xoffs), (call.media_while_xoff, xoffs)
+            call.say(caller_speech)
+            cancelled = await until(bot, "turn.cancelled")
+            assert cancelled["reason"] == "barge_in"
+            await eventually(lambda: bool(call.times("flush")), 5)
+            flushed_at = call.times("flush")[0]
+            truth = frames_heard_ms(call.playback.frames, flushed_at)
+            assert cancelled["played_source"] == "report"  # MEDIA_MARK_PROCESSED
+            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            await asyncio.sleep(0.2)
+            assert frames_heard_ms(call.playback.frames) - truth <= 20  # silent after
+            await call.send_dtmf("3")
+            assert (await until(bot, "dtmf"))["digit"] == "3"
 
     run(go())

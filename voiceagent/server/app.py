@@ -5,6 +5,7 @@ GET  /v1/voices    voices of the loaded model
 WS   /v1/ws        sessions (docs/protocol.md)
 POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webrtc.py)
 WS   /v1/telephony/{twilio,telnyx,vonage}  phone calls' media streams (docs/telephony.md)
+WS   /v1/telephony/asterisk  Asterisk's WebSocket channel (and AudioSocket on its TCP port)
 WS   /v1/calls     a bot attaches to a call and drives it
 GET  /             the browser demo (web/), when that folder exists
 """
@@ -30,6 +31,8 @@ from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..protocol.session import Catalog, Limits
 from ..session.playout import PlayoutConfig
+from ..telephony.asterisk_ws import serve_asterisk_ws
+from ..telephony.audiosocket import serve_audiosocket
 from ..telephony.bot_server import serve_bot
 from ..telephony.call import CallRegistry, TelephonyConfig
 from ..telephony.media_streams import DIALECTS
@@ -86,6 +89,7 @@ class VoiceServer:
             WebSocketRoute("/v1/ws", self._websocket),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
             WebSocketRoute("/v1/calls", self._bot),
+            WebSocketRoute("/v1/telephony/asterisk", self._asterisk),
             *(
                 WebSocketRoute(f"/v1/telephony/{carrier}", self._media_stream(carrier))
                 for carrier in DIALECTS
@@ -102,9 +106,17 @@ class VoiceServer:
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
         loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._rescan_forever()), loop.create_task(self._await_engine())]
+        t = self.telephony
+        audiosocket = (
+            None
+            if t.audiosocket_port is None
+            else await serve_audiosocket(self, t.audiosocket_host, t.audiosocket_port)
+        )
         yield
         for task in tasks:
             task.cancel()
+        if audiosocket is not None:
+            audiosocket.close()
         await self.webrtc.close_all()  # peer connections hold sockets and tasks
 
     async def _await_engine(self) -> None:
@@ -199,6 +211,9 @@ class VoiceServer:
 
     async def _bot(self, ws: WebSocket) -> None:
         await serve_bot(self, ws)
+
+    async def _asterisk(self, ws: WebSocket) -> None:
+        await serve_asterisk_ws(self, ws)
 
     def _media_stream(self, carrier: str) -> Callable[[WebSocket], Awaitable[None]]:
         async def serve(ws: WebSocket) -> None:

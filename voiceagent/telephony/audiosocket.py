@@ -1,0 +1,166 @@
+"""Asterisk AudioSocket: Asterisk connects to our TCP port, sends the call's UUID, then
+the caller's audio as signed-linear packets (audiosocket_frames.py).
+
+Asterisk writes each packet we send straight to the channel, without a buffer, so we
+pace our own frames: a sender emits one 20 ms packet per 20 ms on an absolute clock, and
+what it has emitted is what the caller heard. A cancel drops the frames not yet emitted.
+The UUID is the bot's token; settings come from the bot (session.update).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncGenerator
+
+from ..audio.format import FRAME_MS
+from ..protocol.session import SendAudio
+from . import audiosocket_frames as wire
+from .call import CallHost, CallRefused, CallTransport, run_call
+from .events import CallerAudio, CallInfo, CarrierEvent, Dtmf, Invalid, Stopped
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 10.0
+READ_BYTES = 65536
+
+
+class AudioSocketTransport(CallTransport):
+    def __init__(self, writer: asyncio.StreamWriter, info: CallInfo) -> None:
+        super().__init__(info)
+        self.writer = writer
+        self._queue: deque[tuple[int, bytes]] = deque()
+        self._emitted: dict[int, int] = {}  # frames of each turn written to Asterisk
+        self._ready = asyncio.Event()
+        self._sender = asyncio.get_running_loop().create_task(self._send_paced())
+
+    async def send_audio(self, frame: SendAudio) -> None:
+        self._queue.append((frame.num, frame.payload))
+        self._ready.set()
+
+    async def drop_turn(self, num: int) -> None:
+        self._queue = deque(item for item in self._queue if item[0] != num)
+
+    def sent_ms(self, num: int) -> int | None:
+        return self._emitted.get(num, 0) * FRAME_MS
+
+    async def _send_paced(self) -> None:
+        """One packet per 20 ms; the clock restarts after the queue ran empty."""
+        period = FRAME_MS / 1000
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await self._ready.wait()
+                start, k = time.monotonic(), 0
+                while self._queue:
+                    num, payload = self._queue.popleft()
+                    self.writer.write(wire.encode_audio(payload, self.info.sample_rate))
+                    self._emitted[num] = self._emitted.get(num, 0) + 1
+                    k += 1
+                    await asyncio.sleep(max(0.0, start + k * period - time.monotonic()))
+                self._ready.clear()
+
+    async def hangup(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.write(wire.encode_hangup())
+            await self.writer.drain()
+            self.writer.close()
+
+    async def close(self) -> None:
+        self._sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._sender
+
+
+async def _packets(
+    reader: asyncio.StreamReader, decoder: wire.AudioSocketDecoder
+) -> AsyncGenerator[wire.Packet | Stopped, None]:
+    while True:
+        try:
+            data = await reader.read(READ_BYTES)
+        except ConnectionError:
+            data = b""
+        if not data:
+            yield Stopped("disconnected")  # Asterisk hangs up by closing the socket
+            return
+        try:
+            packets = decoder.feed(data)
+        except wire.AudioSocketError as exc:
+            log.warning("audiosocket stream broken: %s", exc)
+            yield Stopped("error")  # the framing is lost: nothing after it can be read
+            return
+        for packet in packets:
+            yield packet
+
+
+async def _events(
+    packets: AsyncGenerator[wire.Packet | Stopped, None], first_audio: wire.Packet
+) -> AsyncGenerator[CarrierEvent, None]:
+    yield CallerAudio(first_audio.payload)
+    async for packet in packets:
+        if isinstance(packet, Stopped):
+            yield packet
+            return
+        if packet.is_audio:
+            yield CallerAudio(packet.payload)
+        elif packet.kind == wire.Kind.DTMF:
+            yield Dtmf(packet.digit)
+        elif packet.kind == wire.Kind.HANGUP:
+            yield Stopped("hangup")
+            return
+        else:
+            yield Invalid(f"unexpected {packet.kind.name} packet")
+
+
+async def handle_audiosocket(
+    host: CallHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """One AudioSocket connection: UUID first, the first audio tells the rate."""
+    packets = _packets(reader, wire.AudioSocketDecoder(wire.FROM_ASTERISK))
+    call_id, first_audio = "", None
+    try:
+        async with asyncio.timeout(START_TIMEOUT_S):
+            async for packet in packets:
+                if isinstance(packet, Stopped):
+                    break
+                if packet.kind == wire.Kind.UUID and not call_id:
+                    call_id = packet.uuid
+                elif packet.is_audio and call_id:
+                    first_audio = packet
+                    break
+                elif not call_id:
+                    log.warning("audiosocket: %s before the UUID", packet.kind.name)
+                    break
+    except TimeoutError:
+        log.warning("audiosocket: no UUID and audio in %.0f s", START_TIMEOUT_S)
+    if first_audio is None:
+        writer.close()
+        await packets.aclose()
+        return
+    info = CallInfo(
+        "audiosocket", call_id, call_id, "pcm16", first_audio.sample_rate, {"token": call_id}
+    )
+    transport = AudioSocketTransport(writer, info)
+    try:
+        await run_call(host, transport, _events(packets, first_audio))
+    except CallRefused as refused:
+        log.warning("audiosocket call %s refused: %s", call_id, refused)
+        await transport.hangup()
+    finally:
+        await transport.close()
+        await packets.aclose()
+        writer.close()
+
+
+async def serve_audiosocket(host: CallHost, bind: str, port: int) -> asyncio.Server:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handle_audiosocket(host, reader, writer)
+        except Exception:
+            log.exception("audiosocket connection failed")
+
+    server = await asyncio.start_server(handle, bind, port)
+    log.info("AudioSocket listening on %s:%d", bind, port)
+    return server
