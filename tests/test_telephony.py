@@ -33,6 +33,7 @@ from voiceagent.bench.carriers import (
 from voiceagent.bench.clients import Client, connect
 from voiceagent.protocol import frames
 from voiceagent.server.background import BackgroundServer, free_port
+from voiceagent.session.playout import PlayoutConfig
 from voiceagent.telephony.call import TelephonyConfig
 
 LONG = (
@@ -588,5 +589,36 @@ def test_an_asterisk_websocket_call_honours_xoff_flushes_on_barge_in_and_marks_t
             assert frames_heard_ms(call.playback.frames) - truth <= 20  # silent after
             await call.send_dtmf("3")
             assert (await until(bot, "dtmf"))["digit"] == "3"
+
+    run(go())
+
+
+def test_phone_audio_has_no_seams_a_streamed_turn_sounds_as_if_rendered_in_one_piece(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    """The same text and seed over Twilio, streamed chunk by chunk and rendered whole
+    (the naive path): the caller hears the same 8 kHz audio, within μ-law's rounding.
+    A click at a chunk seam (or a resampler restarted per chunk) would show as a large
+    difference right there."""
+    streamed = make_server()
+    whole = make_server(playout=PlayoutConfig(streaming=False))
+
+    async def hear(server: BackgroundServer) -> np.ndarray:
+        tok = token()
+        async with twilio(server, token=tok) as call:
+            bot, _ = await attached(server, tok)
+            await bot.send({"type": "speak", "text": LONG})
+            done = await until(bot, "turn.done")
+            last = f"va:{done['turn']}:{done['sent_ms']}"
+            await call.wait_until(lambda: any(m.name == last for m in call.marks), 20)
+            return call.played_pcm().astype(np.float64) / 32768
+
+    async def go() -> None:
+        a, b = await hear(streamed), await hear(whole)
+        assert a.size == b.size and has_sound((a * 32768).astype(np.int16))
+        diff = np.abs(a - b)
+        peak = np.abs(b).max()
+        # μ-law steps are ~3% of a sample's size; a seam click would be of the signal's size.
+        assert diff.max() < 0.1 * peak, (diff.max(), peak, int(diff.argmax()))
 
     run(go())
