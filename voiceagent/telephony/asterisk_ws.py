@@ -34,6 +34,7 @@ from .events import (
 )
 from .marks import MarkBook
 from .media_streams import to_pcm16
+from .stream_server import receive
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +86,7 @@ async def _events(
 ) -> AsyncGenerator[CarrierEvent, None]:
     """Asterisk's messages as carrier events. `transport`/`codec` are filled in once the
     call is set up (flow control and decoding need them)."""
-    while True:
-        try:
-            message = await ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            message = {"type": "websocket.disconnect"}
-        if message["type"] == "websocket.disconnect":
-            yield Stopped("disconnected")  # Asterisk hangs up by closing the socket
-            return
+    while (message := await receive(ws)) is not None:
         data, text = message.get("bytes"), message.get("text")
         if data is not None:
             try:
@@ -120,6 +114,7 @@ async def _events(
             yield Invalid(f"Asterisk reports: {event.error_text[:120]}")
         else:
             yield Ignored(type(event).__name__)
+    yield Stopped("disconnected")  # Asterisk hangs up by closing the socket
 
 
 async def serve_asterisk_ws(host: CallHost, ws: WebSocket) -> None:

@@ -123,12 +123,9 @@ class JsonStream(Dialect):
         self.carrier = fields.carrier
 
     def parse_text(self, text: str) -> CarrierEvent:
-        try:
-            msg = json.loads(text)
-        except ValueError as exc:
-            return Invalid(f"not JSON: {exc}")
-        if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-            return Invalid("a message needs a string 'event'")
+        msg = _event_message(text)
+        if isinstance(msg, Invalid):
+            return msg
         event = msg["event"]
         if event == "start":
             return self._start(msg)
@@ -222,12 +219,9 @@ class VonageStream(Dialect):
     carrier = "vonage"
 
     def parse_text(self, text: str) -> CarrierEvent:
-        try:
-            msg = json.loads(text)
-        except ValueError as exc:
-            return Invalid(f"not JSON: {exc}")
-        if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-            return Invalid("a message needs a string 'event'")
+        msg = _event_message(text)
+        if isinstance(msg, Invalid):
+            return msg
         event = msg["event"]
         if event == "websocket:connected":
             return self._start(msg)
@@ -280,6 +274,17 @@ DIALECTS: dict[str, Callable[[], Dialect]] = {
     "telnyx": lambda: JsonStream(TELNYX),
     "vonage": VonageStream,
 }
+
+
+def _event_message(text: str) -> dict[str, Any] | Invalid:
+    """A JSON object with a string `event`, as both dialects' text messages are."""
+    try:
+        msg = json.loads(text)
+    except ValueError as exc:
+        return Invalid(f"not JSON: {exc}")
+    if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
+        return Invalid("a message needs a string 'event'")
+    return msg
 
 
 def _get(msg: dict[str, Any], outer: str, key: str) -> Any:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from twilio.request_validator import RequestValidator
@@ -88,14 +89,7 @@ async def carrier_events(
     ws: WebSocket, dialect: Dialect, max_bytes: int
 ) -> AsyncGenerator[CarrierEvent, None]:
     """The carrier's messages as events, ending with Stopped when it goes away."""
-    while True:
-        try:
-            message = await ws.receive()
-        except (WebSocketDisconnect, RuntimeError):
-            message = {"type": "websocket.disconnect"}
-        if message["type"] == "websocket.disconnect":
-            yield Stopped("disconnected")
-            return
+    while (message := await receive(ws)) is not None:
         text, data = message.get("text"), message.get("bytes")
         size = len(text) if text is not None else len(data or b"")
         if size > max_bytes:
@@ -104,6 +98,16 @@ async def carrier_events(
             yield dialect.parse_text(text)
         elif data is not None:
             yield dialect.parse_bytes(data)
+    yield Stopped("disconnected")
+
+
+async def receive(ws: WebSocket) -> dict[str, Any] | None:
+    """The next message from a carrier's socket; None once it is gone."""
+    try:
+        message = await ws.receive()
+    except (WebSocketDisconnect, RuntimeError):
+        return None
+    return None if message["type"] == "websocket.disconnect" else dict(message)
 
 
 async def serve_media_stream(host: CallHost, ws: WebSocket, carrier: str) -> None:
