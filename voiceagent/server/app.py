@@ -51,6 +51,10 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_sessions: int = 64
+    # Live turns across all sessions; a turn beyond it is refused at once (`server_busy`).
+    max_live_turns: int = 128
+    # SIGTERM: live turns may finish for this long, then sessions are closed (1001).
+    drain_timeout_s: float = 30.0
     # Transport cap: a bigger WebSocket message is a protocol violation (close 1009).
     # Messages between limits.max_message_bytes and this get a `message_too_large` event.
     hard_max_message_bytes: int = 4 * 1024 * 1024

@@ -1,0 +1,62 @@
+"""Logging: one formatter (structlog) over the standard `logging` calls of every module.
+
+Modules log with `logging.getLogger(__name__)` as usual; fields passed as `extra={...}`
+and the ids bound for the current task (`bind(session_id=..., turn_id=...)`) appear as
+keys: `key=value` in text lines, object members in JSON lines. Uvicorn's own lines go
+through the same formatter.
+
+What is never logged at INFO or above: text content, audio, reference-voice data.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Literal
+
+import structlog
+from structlog.contextvars import bind_contextvars, unbind_contextvars
+
+LogFormat = Literal["text", "json"]
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
+    """Route every logger to stderr in `fmt`: `text` (one readable line per record) or
+    `json` (one JSON object per line, for log shippers)."""
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.ExtraAdder(),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer: Any
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+        shared.append(structlog.processors.format_exc_info)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        uv = logging.getLogger(name)
+        uv.handlers = []
+        uv.propagate = True
+
+
+def bind(**ids: str) -> None:
+    """Attach ids (session_id, turn_id, call_id) to every record of the current task and
+    of the tasks it starts from now on."""
+    bind_contextvars(**ids)
+
+
+def unbind(*names: str) -> None:
+    unbind_contextvars(*names)

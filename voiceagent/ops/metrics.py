@@ -1,0 +1,204 @@
+"""Prometheus metrics (prometheus-client), one registry per server.
+
+Labels stay low-cardinality: a transport name, an outcome, an error code, a pipeline
+stage. Never a session or turn id: those belong in logs. The session runner feeds the
+turn and error metrics from the protocol events it sends (`observe_event`), so what an
+operator counts is exactly what clients were told.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Time to first audio: fine steps where a voice agent lives (50-500 ms), coarse beyond.
+TTFA_BUCKETS = (
+    0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3,
+    0.35, 0.4, 0.45, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0,
+)  # fmt: skip
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0)
+CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+OUTCOMES = ("done", "cancelled", "barge_in", "failed")
+
+
+class GpuMemory(Collector):
+    """Memory torch holds on each CUDA device (nothing on a CPU-only machine)."""
+
+    def collect(self) -> Iterable[Metric]:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        family = GaugeMetricFamily(
+            "voiceagent_gpu_memory_bytes",
+            "GPU memory held by this process's torch, by device and kind",
+            labels=["device", "kind"],
+        )
+        for i in range(torch.cuda.device_count()):
+            family.add_metric([str(i), "allocated"], torch.cuda.memory_allocated(i))
+            family.add_metric([str(i), "reserved"], torch.cuda.memory_reserved(i))
+        return [family]
+
+
+class Metrics:
+    """Every metric voiceagent exports. Thread-safe (the LM and acoustic threads write)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds
+        r.register(GpuMemory())
+        self.info = Info("voiceagent", "Model and engine this server runs", registry=r)
+
+        # sessions and admission
+        self.sessions_active = Gauge(
+            "voiceagent_sessions_active", "Open sessions", ["transport"], registry=r
+        )
+        self.sessions = Counter(
+            "voiceagent_sessions", "Sessions opened", ["transport"], registry=r
+        )
+        self.refused = Counter(
+            "voiceagent_admission_refused",
+            "Sessions or turns refused at admission, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.turns_active = Gauge(
+            "voiceagent_turns_active", "Live turns (synthesizing or playing)", registry=r
+        )
+        self.ready = Gauge(
+            "voiceagent_ready", "1 while /readyz says ready, else 0", registry=r
+        )
+        self.draining = Gauge(
+            "voiceagent_draining", "1 after SIGTERM, while live turns finish", registry=r
+        )
+
+        # turns, as clients saw them
+        self.ttfa = Histogram(
+            "voiceagent_ttfa_seconds",
+            "Time from a turn's first text to its first audio frame sent",
+            ["transport"],
+            buckets=TTFA_BUCKETS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "voiceagent_turn_rtf",
+            "Real-time factor of finished turns (synthesis time / audio time)",
+            buckets=RTF_BUCKETS,
+            registry=r,
+        )
+        self.turns = Counter(
+            "voiceagent_turns", "Turns ended, by outcome", ["transport", "outcome"], registry=r
+        )
+        self.audio_seconds = Counter(
+            "voiceagent_audio_sent_seconds",
+            "Seconds of audio sent to listeners",
+            ["transport"],
+            registry=r,
+        )
+        self.underruns = Counter(
+            "voiceagent_playout_underruns",
+            "Times a playing turn's audio reached the listener later than real time",
+            ["transport"],
+            registry=r,
+        )
+        self.barge_ins = Counter(
+            "voiceagent_barge_ins",
+            "Listener speech that cancelled or ducked a playing turn",
+            ["transport"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "voiceagent_errors", "Error events sent to clients, by code", ["code"], registry=r
+        )
+
+        # the LM tier (embedded engine or SGLang)
+        self.lm_tokens = Counter(
+            "voiceagent_lm_tokens", "Speech tokens generated", registry=r
+        )
+        self.lm_batch = Histogram(
+            "voiceagent_lm_batch_size",
+            "Requests in each embedded-engine decode step",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.lm_waiting = Gauge(
+            "voiceagent_lm_queue_depth", "LM requests waiting for a KV slot", registry=r
+        )
+        self.lm_wait = Histogram(
+            "voiceagent_lm_queue_wait_seconds",
+            "Time an LM request waited before its prefill",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.sglang_latency = Histogram(
+            "voiceagent_sglang_request_seconds",
+            "SGLang requests: time to the first tokens (phase=first_token) and to the end "
+            "(phase=total)",
+            ["phase"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.sglang_failures = Counter(
+            "voiceagent_sglang_failures",
+            "SGLang requests that failed, by reason",
+            ["reason"],
+            registry=r,
+        )
+
+        # the acoustic worker (flow matching + vocoder)
+        self.acoustic_waiting = Gauge(
+            "voiceagent_acoustic_queue_depth", "Chunks waiting for the acoustic worker",
+            registry=r,
+        )
+        self.acoustic_wait = Histogram(
+            "voiceagent_acoustic_queue_wait_seconds",
+            "Time a chunk waited for the acoustic worker",
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.chunk_seconds = Histogram(
+            "voiceagent_acoustic_chunk_seconds",
+            "Compute time of one batch of chunks, by stage (flow, vocoder)",
+            ["stage"],
+            buckets=CHUNK_BUCKETS,
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format (what GET /metrics returns)."""
+        return generate_latest(self.registry)
+
+    def observe_event(self, transport: str, event: dict[str, Any]) -> None:
+        """Count a protocol event a session sent: turn ends, errors."""
+        kind = event.get("type")
+        if kind == "turn.done":
+            self.turns.labels(transport, "done").inc()
+            timings = event.get("timings") or {}
+            if timings.get("ttfa_ms") is not None:
+                self.ttfa.labels(transport).observe(timings["ttfa_ms"] / 1000)
+            if timings.get("rtf") is not None:
+                self.rtf.observe(timings["rtf"])
+            self.audio_seconds.labels(transport).inc(event.get("sent_ms", 0) / 1000)
+        elif kind == "turn.cancelled":
+            outcome = "barge_in" if event.get("reason") == "barge_in" else "cancelled"
+            self.turns.labels(transport, outcome).inc()
+            self.audio_seconds.labels(transport).inc(event.get("played_ms", 0) / 1000)
+        elif kind == "error":
+            self.errors.labels(str(event.get("code"))).inc()
+            if event.get("turn_id") is not None:  # a turn's own failure ends it
+                self.turns.labels(transport, "failed").inc()
