@@ -320,7 +320,7 @@ def test_a_message_over_the_hard_cap_closes_only_that_connection_with_1009(
             code, received = await closed_with(ws)
             assert code == MESSAGE_TOO_BIG
             assert received == []
-            await wait_until(lambda: server.voice_server.sessions == 1)
+            await wait_until(lambda: server.voice_server.admission.sessions == 1)
             # the other session and new clients are served as before
             await still_speaks(bystander)
             async with connect(server.url) as ws2:
@@ -349,11 +349,11 @@ def test_over_the_session_limit_a_client_is_refused_with_1013_and_can_retry_late
                 assert len(received) == 1
                 event = json.loads(received[0])
                 assert event["type"] == "error" and event["code"] == "too_many_sessions"
-            assert server.voice_server.sessions == 2
+            assert server.voice_server.admission.sessions == 2
             await still_speaks(b)  # the admitted sessions are unaffected
         finally:
             await first.close()
-        await wait_until(lambda: server.voice_server.sessions == 1)
+        await wait_until(lambda: server.voice_server.admission.sessions == 1)
         try:
             async with connect(server.url) as fourth:
                 d = Client(fourth)

@@ -28,6 +28,7 @@ from voiceagent.cli import build_parser
 from voiceagent.protocol.errors import CloseCode, ErrorCode
 from voiceagent.protocol.messages import Settings, settings_table
 from voiceagent.server.background import BackgroundServer
+from voiceagent.session.admission import SESSION_REFUSALS
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL = ROOT / "docs" / "protocol.md"
@@ -152,22 +153,24 @@ def _offer_errors() -> set[tuple[str, int]]:
             ):
                 continue
             code_arg = node.args[0]
+            text = ast.unparse(code_arg)
             if isinstance(code_arg, ast.Constant):
-                code = code_arg.value
+                codes = [code_arg.value]
+            elif text == "str(refusal.code)":  # the session admission's refusal
+                codes = [c.value for c in SESSION_REFUSALS]
             else:  # str(ErrorCode.NAME)
-                text = ast.unparse(code_arg)
                 match = re.fullmatch(r"str\(ErrorCode\.(\w+)\)", text)
                 assert match, (
                     f"{path}: OfferError code '{text}' is neither a string nor an ErrorCode"
                 )
-                code = ErrorCode[match.group(1)].value
+                codes = [ErrorCode[match.group(1)].value]
             status = default_status
             if len(node.args) > 2:
                 status = ast.literal_eval(node.args[2])
             for kw in node.keywords:
                 if kw.arg == "status":
                     status = ast.literal_eval(kw.value)
-            found.add((code, status))
+            found.update((code, status) for code in codes)
     return found
 
 

@@ -258,7 +258,7 @@ def test_the_bot_switches_voices_between_turns_and_hangs_up(
             assert ended["reason"] in ("disconnected", "stop")
             await call.wait_until(lambda: call.close_code is not None, 5)
             assert call.close_code == 1000
-        assert server.voice_server.sessions == 0
+        assert server.voice_server.admission.sessions == 0
 
     run(go())
 
@@ -404,10 +404,10 @@ def test_a_carrier_that_vanishes_mid_turn_ends_the_call_for_its_bot(
         assert ended["reason"] == "disconnected"
         await call.close()
         for _ in range(100):
-            if server.voice_server.sessions == 0:
+            if server.voice_server.admission.sessions == 0:
                 break
             await asyncio.sleep(0.05)
-        assert server.voice_server.sessions == 0
+        assert server.voice_server.admission.sessions == 0
 
     run(go())
 

@@ -23,6 +23,7 @@ from ..audio.framing import Framer
 from ..model.contract import State, Voice
 from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
+from ..ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,9 @@ class _Job:
 
 
 class AcousticWorker:
-    def __init__(self, model: SpeechModel) -> None:
+    def __init__(self, model: SpeechModel, metrics: Metrics | None = None) -> None:
         self.model = model
+        self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._primed_states: dict[str, tuple[Voice, State]] = {}
@@ -108,6 +110,7 @@ class AcousticWorker:
             loop.call_soon_threadsafe(settle)
 
         self._jobs.put(_Job(stream, tokens, final, done))
+        self.metrics.acoustic_waiting.inc()
         return await fut
 
     # -- worker thread --------------------------------------------------------------------
@@ -128,6 +131,10 @@ class AcousticWorker:
                     self._jobs.put(None)
                     break
                 jobs.append(nxt)
+            now = time.perf_counter()
+            self.metrics.acoustic_waiting.dec(len(jobs))
+            for j in jobs:
+                self.metrics.acoustic_wait.observe(now - j.t0)
             jobs = [j for j in jobs if not j.stream.closed]  # dropped turns cost nothing
             try:
                 with torch.inference_mode():
@@ -142,6 +149,7 @@ class AcousticWorker:
         self.batched_chunks += len(jobs)
         look = self.model.pre_lookahead
         dev = self.model.device
+        t0 = time.perf_counter()
         for group in _group(jobs, lambda j: len(j.tokens)):
             if len(group[0].tokens) == look:  # no new tokens: only drain the stretcher
                 for j in group:
@@ -162,6 +170,8 @@ class AcousticWorker:
             for j, s, m in zip(group, split, mel, strict=True):
                 j.stream.flow_state = s
                 j.mel = j.stream.stretcher.push(m, j.final)
+        t1 = time.perf_counter()
+        self.metrics.chunk_seconds.labels("flow").observe(t1 - t0)
         voc = self.model.vocoder
         for group in _group(
             jobs,
@@ -177,6 +187,7 @@ class AcousticWorker:
             for j, s, p in zip(group, split, pcm, strict=True):
                 j.stream.vocoder_state = s
                 self._finish(j, p.cpu().numpy().copy())
+        self.metrics.chunk_seconds.labels("vocoder").observe(time.perf_counter() - t1)
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
         frames: list[np.ndarray] = []

@@ -10,6 +10,7 @@ import torch
 from ..model.contract import Voice
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
+from ..ops.metrics import Metrics
 from .acoustic import AcousticWorker
 from .lm_engine import EmbeddedLM, TokenStream
 
@@ -17,6 +18,8 @@ from .lm_engine import EmbeddedLM, TokenStream
 class LMBackend(Protocol):
     """What a turn needs of the speech-token LM: the embedded decode thread
     (`EmbeddedLM`) or an SGLang server (`SGLangLM`)."""
+
+    metrics: Metrics  # the engine's, set when the engine takes the backend
 
     def start(self) -> None: ...
 
@@ -45,13 +48,19 @@ class EmbeddedEngine:
         max_batch: int = 16,
         threads: int | None = None,
         lm: LMBackend | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
+        """`metrics`: where the engine's threads count (a registry of its own if None);
+        the server exports the engine's."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model
+        self.metrics = metrics or Metrics()
         self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch)
+        self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
-        self.acoustic = AcousticWorker(model)
+        self.acoustic = AcousticWorker(model, self.metrics)
+        self.metrics.info.info({"model": model.name, "engine": self.name})
 
     async def ready(self) -> bool:
         return await self.lm.healthy()

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from ..model.contract import STOP_TOKENS, Voice
 from ..model.lm import KVPool
 from ..model.sampling import SamplingParams, sample_token
 from ..model.speech_model import SpeechModel
+from ..ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ class _Request:
     length: int = 0  # positions in the KV slot
     produced: list[int] = field(default_factory=list)
     cancelled: bool = False
+    queued: float = field(default_factory=time.monotonic)
 
 
 # While nobody waits for a KV slot, a request whose turn has this many tokens unread
@@ -123,6 +126,7 @@ class EmbeddedLM:
         self._waiting: list[_Request] = []
         self._thread: threading.Thread | None = None
         self.steps = 0  # batched decode steps run (for stats)
+        self.metrics = Metrics()  # replaced by the engine's
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="voiceagent-lm", daemon=True)
@@ -198,6 +202,7 @@ class EmbeddedLM:
         while self._waiting and self._free:
             req = self._waiting.pop(0)
             req.slot = self._free.pop()
+            self.metrics.lm_wait.observe(time.monotonic() - req.queued)
             prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
             logits = self.model.lm.forward_embeds(
                 prompt, self._pool, self._ids([req.slot]), self._ids([0])
@@ -205,6 +210,7 @@ class EmbeddedLM:
             req.length = prompt.shape[1]
             self._active.append(req)
             self._emit(req, logits[0].float().cpu())
+        self.metrics.lm_waiting.set(len(self._waiting))
 
     def _step(self) -> None:
         self._release(lambda r: r.cancelled)
@@ -221,6 +227,7 @@ class EmbeddedLM:
             self.model.lm.embed_speech(tokens), self._pool, slots, start
         )
         self.steps += 1
+        self.metrics.lm_batch.observe(len(reqs))
         for r, row in zip(reqs, logits.float().cpu(), strict=True):
             r.length += 1
             self._emit(r, row)
@@ -237,6 +244,7 @@ class EmbeddedLM:
             return
         req.produced.append(tok)
         req.stream.feed([tok])
+        self.metrics.lm_tokens.inc()
         if len(req.produced) >= req.max_len:
             req.stream.feed(None)
             self._release(lambda r: r is req)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 import structlog
 from structlog.contextvars import bind_contextvars, unbind_contextvars
@@ -21,14 +21,21 @@ LogFormat = Literal["text", "json"]
 LEVELS = ("debug", "info", "warning", "error")
 
 
-def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
-    """Route every logger to stderr in `fmt`: `text` (one readable line per record) or
-    `json` (one JSON object per line, for log shippers)."""
+class _Handler(logging.StreamHandler):
+    """Ours, so that configuring again replaces it and leaves other handlers alone."""
+
+
+def configure_logging(
+    level: str = "info", fmt: LogFormat = "text", stream: IO[str] | None = None
+) -> None:
+    """Route every logger to `stream` (stderr) in `fmt`: `text` (one readable line per
+    record) or `json` (one JSON object per line, for log shippers)."""
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.stdlib.ExtraAdder(),
+        _drop_uvicorn_colors,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: Any
@@ -41,15 +48,22 @@ def configure_logging(level: str = "info", fmt: LogFormat = "text") -> None:
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _Handler(stream or sys.stderr)
     handler.setFormatter(formatter)
     root = logging.getLogger()
-    root.handlers = [handler]
+    for old in [h for h in root.handlers if isinstance(h, _Handler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
     root.setLevel(level.upper())
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         uv = logging.getLogger(name)
         uv.handlers = []
         uv.propagate = True
+
+
+def _drop_uvicorn_colors(logger: Any, name: str, event: dict[str, Any]) -> dict[str, Any]:
+    event.pop("color_message", None)  # uvicorn's ANSI copy of the message
+    return event
 
 
 def bind(**ids: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import (
+    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -23,6 +24,8 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+CONTENT_TYPE = CONTENT_TYPE_LATEST  # of the text exposition format
+
 # Time to first audio: fine steps where a voice agent lives (50-500 ms), coarse beyond.
 TTFA_BUCKETS = (
     0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3,
@@ -33,7 +36,21 @@ CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
-OUTCOMES = ("done", "cancelled", "barge_in", "failed")
+# How a turn ended: finished, cancelled by the client, cut by the listener's speech,
+# failed (an error event for the turn), or dropped because its session closed.
+OUTCOMES = ("done", "cancelled", "barge_in", "failed", "closed")
+
+
+def turn_outcome(event: dict[str, Any]) -> str | None:
+    """The outcome of the turn a protocol event ends (None: the event ends no turn)."""
+    kind = event.get("type")
+    if kind == "turn.done":
+        return "done"
+    if kind == "turn.cancelled":
+        return "barge_in" if event.get("reason") == "barge_in" else "cancelled"
+    if kind == "error" and event.get("turn_id") is not None:
+        return "failed"
+    return None
 
 
 class GpuMemory(Collector):
@@ -68,9 +85,7 @@ class Metrics:
         self.sessions_active = Gauge(
             "voiceagent_sessions_active", "Open sessions", ["transport"], registry=r
         )
-        self.sessions = Counter(
-            "voiceagent_sessions", "Sessions opened", ["transport"], registry=r
-        )
+        self.sessions = Counter("voiceagent_sessions", "Sessions opened", ["transport"], registry=r)
         self.refused = Counter(
             "voiceagent_admission_refused",
             "Sessions or turns refused at admission, by reason",
@@ -80,9 +95,7 @@ class Metrics:
         self.turns_active = Gauge(
             "voiceagent_turns_active", "Live turns (synthesizing or playing)", registry=r
         )
-        self.ready = Gauge(
-            "voiceagent_ready", "1 while /readyz says ready, else 0", registry=r
-        )
+        self.ready = Gauge("voiceagent_ready", "1 while /readyz says ready, else 0", registry=r)
         self.draining = Gauge(
             "voiceagent_draining", "1 after SIGTERM, while live turns finish", registry=r
         )
@@ -127,9 +140,7 @@ class Metrics:
         )
 
         # the LM tier (embedded engine or SGLang)
-        self.lm_tokens = Counter(
-            "voiceagent_lm_tokens", "Speech tokens generated", registry=r
-        )
+        self.lm_tokens = Counter("voiceagent_lm_tokens", "Speech tokens generated", registry=r)
         self.lm_batch = Histogram(
             "voiceagent_lm_batch_size",
             "Requests in each embedded-engine decode step",
@@ -162,7 +173,8 @@ class Metrics:
 
         # the acoustic worker (flow matching + vocoder)
         self.acoustic_waiting = Gauge(
-            "voiceagent_acoustic_queue_depth", "Chunks waiting for the acoustic worker",
+            "voiceagent_acoustic_queue_depth",
+            "Chunks waiting for the acoustic worker",
             registry=r,
         )
         self.acoustic_wait = Histogram(
@@ -185,20 +197,16 @@ class Metrics:
 
     def observe_event(self, transport: str, event: dict[str, Any]) -> None:
         """Count a protocol event a session sent: turn ends, errors."""
-        kind = event.get("type")
-        if kind == "turn.done":
-            self.turns.labels(transport, "done").inc()
-            timings = event.get("timings") or {}
-            if timings.get("ttfa_ms") is not None:
-                self.ttfa.labels(transport).observe(timings["ttfa_ms"] / 1000)
-            if timings.get("rtf") is not None:
-                self.rtf.observe(timings["rtf"])
-            self.audio_seconds.labels(transport).inc(event.get("sent_ms", 0) / 1000)
-        elif kind == "turn.cancelled":
-            outcome = "barge_in" if event.get("reason") == "barge_in" else "cancelled"
-            self.turns.labels(transport, outcome).inc()
-            self.audio_seconds.labels(transport).inc(event.get("played_ms", 0) / 1000)
-        elif kind == "error":
+        if event.get("type") == "error":
             self.errors.labels(str(event.get("code"))).inc()
-            if event.get("turn_id") is not None:  # a turn's own failure ends it
-                self.turns.labels(transport, "failed").inc()
+        outcome = turn_outcome(event)
+        if outcome is None:
+            return
+        self.turns.labels(transport, outcome).inc()
+        if outcome == "done":  # (TTFA is observed as the first frame leaves: every turn)
+            rtf = (event.get("timings") or {}).get("rtf")
+            if rtf is not None:
+                self.rtf.observe(rtf)
+            self.audio_seconds.labels(transport).inc(event.get("sent_ms", 0) / 1000)
+        elif outcome in ("cancelled", "barge_in"):
+            self.audio_seconds.labels(transport).inc(event.get("played_ms", 0) / 1000)

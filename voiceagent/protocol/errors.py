@@ -21,6 +21,8 @@ class ErrorCode(StrEnum):
     NO_OPEN_TURN = "no_open_turn"
     TURN_QUEUE_FULL = "turn_queue_full"
     TOO_MANY_SESSIONS = "too_many_sessions"
+    SERVER_BUSY = "server_busy"  # the server's live-turn limit: this turn is refused
+    SERVER_DRAINING = "server_draining"  # shutting down: connect to another server
     # telephony (docs/telephony.md)
     UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
     CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call

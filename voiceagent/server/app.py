@@ -1,6 +1,9 @@
 """HTTP + WebSocket server on one port (Starlette on uvicorn, uvloop, websockets).
 
-GET  /health       readiness and load
+GET  /healthz      the process is alive
+GET  /readyz       ready for new sessions (model, LM engine, not draining, below limits)
+GET  /metrics      Prometheus metrics
+GET  /health       readiness and load, as JSON (older; /readyz is for probes)
 GET  /v1/voices    voices of the loaded model
 WS   /v1/ws        sessions (docs/protocol.md)
 POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webrtc.py)
@@ -15,21 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
+from ..ops.metrics import CONTENT_TYPE
 from ..protocol.session import Catalog, Limits
+from ..session.admission import Admission
 from ..session.playout import PlayoutConfig
 from ..telephony.asterisk_ws import serve_asterisk_ws
 from ..telephony.audiosocket import serve_audiosocket
@@ -71,8 +78,10 @@ class VoiceServer:
     def __init__(self, engine: EmbeddedEngine, config: ServerConfig = ServerConfig()) -> None:
         self.engine = engine
         self.config = config
-        self.sessions = 0
+        self.metrics = engine.metrics
+        self.admission = Admission(config.max_sessions, config.max_live_turns, self.metrics)
         self.calls = CallRegistry()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         model = engine.model
         self.catalog = Catalog(
             voices=tuple(model.voices),
@@ -88,6 +97,9 @@ class VoiceServer:
         self.rescan_voices()
         self.webrtc = WebRtcGateway(self, config.webrtc)
         routes: list[BaseRoute] = [
+            Route("/healthz", self.healthz),
+            Route("/readyz", self.readyz),
+            Route("/metrics", self.metrics_page),
             Route("/health", self.health),
             Route("/v1/voices", self.voices),
             WebSocketRoute("/v1/ws", self._websocket),
@@ -108,7 +120,7 @@ class VoiceServer:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         tasks = [loop.create_task(self._rescan_forever()), loop.create_task(self._await_engine())]
         t = self.telephony
         audiosocket = (
@@ -167,6 +179,26 @@ class VoiceServer:
         if not self.catalog.default_voice and self.catalog.voices:
             self.catalog.default_voice = self.catalog.voices[0]
 
+    async def healthz(self, request: Request) -> JSONResponse:
+        """Liveness: the event loop answers. Never depends on the LM server (a restart of
+        this process would not bring SGLang back)."""
+        return JSONResponse({"status": "alive"})
+
+    async def readyz(self, request: Request) -> JSONResponse:
+        """Readiness: whether a new session should be sent here, and if not, why."""
+        reasons = []
+        if self.admission.draining:
+            reasons.append("draining")
+        if not await self.engine.ready():
+            reasons.append(f"LM engine '{self.engine.name}' is not reachable")
+        reasons += self.admission.full()
+        self.metrics.ready.set(0 if reasons else 1)
+        body = {"ready": not reasons, "reasons": reasons}
+        return JSONResponse(body, status_code=503 if reasons else 200)
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.exposition(), media_type=CONTENT_TYPE)
+
     async def health(self, request: Request) -> JSONResponse:
         ready = await self.engine.ready()
         return JSONResponse(
@@ -175,7 +207,7 @@ class VoiceServer:
                 "ready": ready,
                 "engine": self.engine.name,
                 "model": self.catalog.model["name"],
-                "sessions": self.sessions,
+                "sessions": self.admission.sessions,
                 "max_sessions": self.config.max_sessions,
                 "random_weights": self.catalog.model["random_weights"],
                 "lm_load": self.engine.lm.load,
@@ -199,16 +231,6 @@ class VoiceServer:
     @property
     def telephony(self) -> TelephonyConfig:
         return self.config.telephony
-
-    def admit(self) -> str | None:
-        limit = self.config.max_sessions
-        if self.sessions >= limit:
-            return f"server is at its limit of {limit} sessions; retry later"
-        self.sessions += 1
-        return None
-
-    def release(self) -> None:
-        self.sessions -= 1
 
     async def _websocket(self, ws: WebSocket) -> None:
         await serve_websocket(self, ws)
@@ -240,10 +262,40 @@ def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Conf
     )
 
 
+class DrainingServer(uvicorn.Server):
+    """Uvicorn, except that SIGTERM drains first: /readyz turns unready, new sessions are
+    refused, live turns finish (up to the drain deadline), sessions close with 1001; then
+    uvicorn shuts down and the process exits 0. A second signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, voice: VoiceServer) -> None:
+        super().__init__(config)
+        self.voice = voice
+        self._drain: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig != signal.SIGTERM or self._drain is not None or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        # Not super(): uvicorn would re-raise SIGTERM at exit, and the exit code would be
+        # 143 for a shutdown that went as planned.
+        log.info("SIGTERM: draining for up to %.0f s", self.voice.config.drain_timeout_s)
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        async def drain() -> None:
+            try:
+                await self.voice.admission.drain(self.voice.config.drain_timeout_s)
+            finally:
+                self.should_exit = True
+
+        self._drain = asyncio.get_running_loop().create_task(drain())
+
+
 async def serve(server: VoiceServer, log_level: str = "info") -> None:
     server.engine.start()
     try:
-        await uvicorn.Server(uvicorn_config(server, log_level)).serve()
+        await DrainingServer(uvicorn_config(server, log_level), server).serve()
     finally:
         server.engine.stop()
         await asyncio.sleep(0)

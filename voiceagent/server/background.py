@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import socket
 import threading
 import time
@@ -39,6 +41,13 @@ class BackgroundServer:
                 raise RuntimeError("server did not start")
             time.sleep(0.01)
         return self
+
+    def drain(self, deadline_s: float) -> concurrent.futures.Future[None]:
+        """Start draining as SIGTERM would (the server keeps running when it is done)."""
+        assert self.voice_server.loop is not None, "start() first"
+        return asyncio.run_coroutine_threadsafe(
+            self.voice_server.admission.drain(deadline_s), self.voice_server.loop
+        )
 
     def stop(self) -> None:
         self._uvicorn.should_exit = True

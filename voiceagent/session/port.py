@@ -15,6 +15,7 @@ from ..protocol.session import Catalog, Limits, SendAudio
 
 if TYPE_CHECKING:
     from ..engine.embedded import EmbeddedEngine
+    from .admission import Admission
     from .playout import PlayoutConfig
 
 
@@ -24,6 +25,9 @@ class Transport(ABC):
     name: str  # "websocket", "webrtc", "twilio", ...: for logs and metrics
     # The only output format the transport can carry (None: the session's `format`).
     pinned_format: Format | None = None
+    # A draining server closes the session at its first idle moment (False: a phone call,
+    # which runs until it ends or the drain deadline).
+    drains_when_idle: bool = True
 
     @abstractmethod
     async def send_event(self, event: dict[str, Any]) -> None:
@@ -42,6 +46,11 @@ class Transport(ABC):
     async def end_turn(self, num: int) -> None:
         """Turn `num` has sent its last frame (telephony: a final mark)."""
         return None
+
+    @abstractmethod
+    async def close(self, code: int, reason: str) -> None:
+        """End the session from the server's side (`code`: a WebSocket close code, e.g.
+        1001 when the server drains). Safe to call on a session that already ended."""
 
     def sent_ms(self, num: int) -> int | None:
         """How much of turn `num` has left the server toward the listener, where the
@@ -62,8 +71,6 @@ class SessionHost(Protocol):
     @property
     def playout(self) -> PlayoutConfig: ...
 
-    def admit(self) -> str | None:
-        """Take a session slot; None if taken, else why not (the server is full)."""
-
-    def release(self) -> None:
-        """Give a slot back (exactly once per admitted session)."""
+    @property
+    def admission(self) -> Admission:
+        """Session and turn slots, and the drain (admit / release a session there)."""

@@ -19,6 +19,8 @@ from ..audio.levels import loudness
 from ..audio.vad import VoiceActivity
 from ..engine.embedded import EmbeddedEngine
 from ..model.sampling import SamplingParams
+from ..ops.logs import bind
+from ..ops.metrics import turn_outcome
 from ..pipeline.turn import FrameFormat, Turn, TurnFailed, TurnSettings
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import Input, Settings
@@ -36,6 +38,7 @@ from ..protocol.session import (
     SessionCore,
     SetGain,
 )
+from .admission import Admission
 from .playout import Heard, PlayoutConfig, TurnPlayout
 from .port import Transport
 
@@ -70,20 +73,29 @@ class SessionRunner:
         engine: EmbeddedEngine,
         transport: Transport,
         playout: PlayoutConfig | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        """`admission`: the server's limits on live turns, and its drain (None: no
+        limit, as in tools that run one session)."""
         self.core = core
         self.engine = engine
         self.transport = transport
         self.playout = playout or PlayoutConfig()
+        self.admission = admission
+        self.metrics = engine.metrics
         self.listener = Listener()
         self._turns: dict[int, Turn] = {}
         self._encoders: dict[int, Encoder] = {}  # each turn's, made when it opens
         self._order: asyncio.Queue[int] = asyncio.Queue()
         self._playing: tuple[int, asyncio.Task[None]] | None = None
         self._playouts: dict[int, TurnPlayout] = {}  # turns that have sent audio
+        self._admitted: set[int] = set()  # turns holding one of the server's live slots
         self._waits: set[asyncio.Task[None]] = set()  # for listeners' reports after a cancel
         self.gain = 1.0  # applied to each frame as it is encoded (ducking)
+        bind(session_id=core.session_id)  # on every log line of this session's tasks
         self._player = asyncio.get_running_loop().create_task(self._play_turns())
+        if admission is not None:
+            admission.runners.add(self)
 
     # -- from the transport ---------------------------------------------------------------
 
@@ -100,12 +112,22 @@ class SessionRunner:
         for kind, t_ms in self.listener.feed(pcm, sample_rate, i):
             playing = self.playing_turn
             heard = None if playing is None else self.heard(playing).ms
-            actions += self.core.speech(kind, t_ms, heard)
+            reaction = self.core.speech(kind, t_ms, heard)
+            if any(
+                isinstance(a, CancelTurn | SetGain) and kind == "speech.started" for a in reaction
+            ):
+                self.metrics.barge_ins.labels(self.transport.name).inc()
+            actions += reaction
         await self.execute(actions)
 
     async def listener_played(self, num: int, played_ms: int, stopped: bool = False) -> None:
         """A transport that learns playout on its own (telephony marks) reports it here."""
         await self.execute(self.core.playback(num, played_ms, stopped))
+
+    @property
+    def idle(self) -> bool:
+        """No turn is open, synthesizing or playing: closing now cuts nothing."""
+        return not self._turns and self._playing is None
 
     async def close(self) -> None:
         self._player.cancel()
@@ -113,7 +135,13 @@ class SessionRunner:
             task.cancel()
         for turn in self._turns.values():
             turn.close()
+            self.metrics.turns.labels(self.transport.name, "closed").inc()
+            self._log_end(turn.id, "closed", {})
         self._turns.clear()
+        for num in list(self._admitted):
+            self._release_turn(num)
+        if self.admission is not None:
+            self.admission.runners.discard(self)
         with contextlib.suppress(asyncio.CancelledError):
             await self._player
 
@@ -122,12 +150,13 @@ class SessionRunner:
     async def execute(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, SendEvent):
+                self._observe(action.event)
                 await self.transport.send_event(action.event)
             elif isinstance(action, SendAudio):
                 self._playouts.setdefault(action.num, TurnPlayout()).sent()
                 await self.transport.send_audio(action)
             elif isinstance(action, OpenTurn):
-                self._open(action)
+                await self._open(action)
             elif isinstance(action, AppendText | FlushText | EndText):
                 target = self._turns.get(action.num)
                 if target is None:  # already finished here (e.g. failed): nothing to feed
@@ -159,7 +188,37 @@ class SessionRunner:
             return Heard(0, "server")
         return playout.heard(self.transport.sent_ms(num))
 
-    def _open(self, action: OpenTurn) -> None:
+    def _observe(self, event: dict[str, Any]) -> None:
+        """Metrics and the one log line per turn, from what the client is told."""
+        self.metrics.observe_event(self.transport.name, event)
+        outcome = turn_outcome(event)
+        if outcome is not None:
+            self._log_end(event["turn_id"], outcome, event)
+
+    def _log_end(self, turn_id: str, outcome: str, event: dict[str, Any]) -> None:
+        timings = event.get("timings") or {}
+        sent_ms = event.get("sent_ms")
+        log.info(
+            "turn.end",
+            extra={
+                "turn_id": turn_id,
+                "outcome": outcome,
+                "code": event.get("code"),
+                "ttfa_ms": timings.get("ttfa_ms"),
+                "audio_s": None if sent_ms is None else sent_ms / 1000,
+                "played_s": event["played_ms"] / 1000 if "played_ms" in event else None,
+                "rtf": timings.get("rtf"),
+                "transport": self.transport.name,
+            },
+        )
+
+    async def _open(self, action: OpenTurn) -> None:
+        if self.admission is not None:
+            refusal = self.admission.admit_turn()
+            if refusal is not None:
+                await self.execute(self.core.turn_failed(action.num, refusal.code, refusal.message))
+                return
+            self._admitted.add(action.num)
         fmt = action.settings.format
         encoder = self._encoders[action.num] = make_encoder(fmt.codec, fmt.sample_rate, fmt.bitrate)
         turn = Turn(
@@ -213,6 +272,7 @@ class SessionRunner:
             turn.close()
         if self.playing_turn != num:
             self._encoders.pop(num, None)
+            self._release_turn(num)
         if self._playing is not None and self._playing[0] == num:
             self._playing[1].cancel()
 
@@ -232,6 +292,12 @@ class SessionRunner:
             self._encoders.pop(num, None)
             self._turns.pop(num, None)
             turn.close()
+            self._release_turn(num)
+
+    def _release_turn(self, num: int) -> None:
+        if num in self._admitted and self.admission is not None:
+            self._admitted.discard(num)
+            self.admission.turn_ended()
 
     async def _play(self, num: int, turn: Turn, encoder: Encoder) -> None:
         """Send the turn's frames on an absolute clock, `lead_ms` ahead of real time. The
@@ -240,6 +306,7 @@ class SessionRunner:
         lead = self.playout.lead_ms / 1000
         start: float | None = None
         seq = 0
+        late = False  # the previous frame left after its play time: one underrun per stall
         try:
             while True:
                 item = await turn.output.get()
@@ -254,8 +321,14 @@ class SessionRunner:
                 now = time.monotonic()
                 if start is None:
                     start = now
-                # Pace on an absolute clock: frame k is due at start + k*20ms - lead.
-                delay = start + seq * FRAME_MS / 1000 - lead - now
+                    self.metrics.ttfa.labels(self.transport.name).observe(now - turn.stats.created)
+                # Pace on an absolute clock: frame k is due at start + k*20ms - lead, and
+                # the listener plays it at start + k*20ms: later than that, it ran dry.
+                plays_at = start + seq * FRAME_MS / 1000
+                if now > plays_at and not late:
+                    self.metrics.underruns.labels(self.transport.name).inc()
+                late = now > plays_at
+                delay = plays_at - lead - now
                 if delay > 0:
                     await asyncio.sleep(delay)
                 data = encoder.encode(item, self.gain)

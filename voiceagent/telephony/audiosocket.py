@@ -68,7 +68,7 @@ class AudioSocketTransport(CallTransport):
             await self.writer.drain()
             self.writer.close()
 
-    async def close(self) -> None:
+    async def stop_sender(self) -> None:
         self._sender.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._sender
@@ -149,7 +149,7 @@ async def handle_audiosocket(
         log.warning("audiosocket call %s refused: %s", call_id, refused)
         await transport.hangup()
     finally:
-        await transport.close()
+        await transport.stop_sender()
         await packets.aclose()
         writer.close()
 

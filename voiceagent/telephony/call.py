@@ -115,8 +115,13 @@ class CallTransport(Transport):
         self.pinned_format = Format(info.codec, info.sample_rate)
         self.bot = BotLink()
 
+    drains_when_idle = False  # a call is never hung up between sentences to drain
+
     async def send_event(self, event: dict[str, Any]) -> None:
         await self.bot.send(event)
+
+    async def close(self, code: int, reason: str) -> None:
+        await self.hangup()
 
     def played(self, mark: str) -> tuple[int, int] | None:
         """(turn, ms heard) for an echoed mark that tells it (carriers with marks)."""
@@ -136,7 +141,7 @@ class Call:
         self.core = SessionCore(
             uuid.uuid4().hex[:16], host.catalog, host.limits, transport.pinned_format
         )
-        self.runner = SessionRunner(self.core, host.engine, transport, host.playout)
+        self.runner = SessionRunner(self.core, host.engine, transport, host.playout, host.admission)
         self.ended = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
 
@@ -244,12 +249,12 @@ async def run_call(
             ErrorCode.INVALID_PARAMETER,
             f"the call needs a 'token' parameter of at least {MIN_TOKEN_CHARS} characters",
         )
-    refusal = host.admit()
+    refusal = host.admission.admit(transport.name)
     if refusal is not None:
-        raise CallRefused(ErrorCode.TOO_MANY_SESSIONS, refusal)
+        raise CallRefused(refusal.code, refusal.message)
     call = Call(host, transport)
     if not host.calls.add(info.token, call):
-        host.release()
+        host.admission.release(transport.name)
         await call.runner.close()
         raise CallRefused(ErrorCode.CALL_ALREADY_ATTACHED, "a live call already has that token")
     log.info("call %s (%s) started, session %s", info.call_id, info.carrier, call.core.session_id)
@@ -267,7 +272,7 @@ async def run_call(
         reason = "error"
     finally:
         host.calls.remove(info.token, call)
-        host.release()
+        host.admission.release(transport.name)
         await call.close(reason)
         log.info("call %s ended (%s)", info.call_id, reason)
 

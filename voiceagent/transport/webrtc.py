@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..audio.format import FRAME_MS, OPUS_RATE, frame_samples
-from ..protocol.errors import ErrorCode
 from ..protocol.messages import Format
 from ..protocol.session import SendAudio, SessionCore
 from ..session.port import SessionHost, Transport
@@ -204,9 +203,10 @@ class WebRtcTransport(Transport):
     name = "webrtc"
     pinned_format = PINNED_FORMAT
 
-    def __init__(self, track: OutboundAudioTrack) -> None:
+    def __init__(self, track: OutboundAudioTrack, end: Callable[[], Awaitable[None]]) -> None:
         self.track = track
         self.channel: RTCDataChannel | None = None
+        self._end = end  # the session's close
 
     @property
     def open(self) -> bool:
@@ -223,6 +223,10 @@ class WebRtcTransport(Transport):
     async def drop_turn(self, num: int) -> None:
         self.track.drop_turn(num)
 
+    async def close(self, code: int, reason: str) -> None:
+        """A peer connection has no close code: the client sees the connection close."""
+        await self._end()
+
     def sent_ms(self, num: int) -> int | None:
         """What the track has emitted toward the peer (the rest of the lead is dropped)."""
         return self.track.played.get(num, 0) * FRAME_MS
@@ -236,9 +240,11 @@ class WebRtcSession:
         self.pc = pc
         self.id = uuid.uuid4().hex[:16]
         self.track = OutboundAudioTrack(self.config.track_buffer_frames, on_sync=self._on_sync)
-        self.transport = WebRtcTransport(self.track)
+        self.transport = WebRtcTransport(self.track, self.close)
         self.core = SessionCore(self.id, host.catalog, host.limits, self.transport.pinned_format)
-        self.runner = SessionRunner(self.core, host.engine, self.transport, host.playout)
+        self.runner = SessionRunner(
+            self.core, host.engine, self.transport, host.playout, host.admission
+        )
         self._inbox: asyncio.Queue[str | bytes] = asyncio.Queue(self.config.max_inbox)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: asyncio.Task[None] | None = None
@@ -363,7 +369,7 @@ class WebRtcGateway:
     def release(self, session: WebRtcSession) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
-            self.host.release()
+            self.host.admission.release(WebRtcTransport.name)
 
     async def close_all(self) -> None:
         for session in list(self.sessions):
@@ -375,9 +381,11 @@ class WebRtcGateway:
         except OfferError as err:
             return _error(err)
         # Take the slot before the first await, so concurrent offers cannot overshoot.
-        refusal = self.host.admit()
+        refusal = self.host.admission.admit(WebRtcTransport.name)
         if refusal is not None:
-            return _error(OfferError(str(ErrorCode.TOO_MANY_SESSIONS), refusal, 503))
+            response = _error(OfferError(str(refusal.code), refusal.message, 503))
+            response.headers["Retry-After"] = str(refusal.retry_after_s)
+            return response
         ice = [RTCIceServer(url) for url in self.config.ice_servers]
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         session: WebRtcSession | None = None
@@ -398,7 +406,7 @@ class WebRtcGateway:
         if session is not None:
             await session.close()
         else:
-            self.host.release()
+            self.host.admission.release(WebRtcTransport.name)
             with contextlib.suppress(Exception):
                 await pc.close()
 

@@ -4,6 +4,7 @@ binary message (protocol/frames.py header + payload; or bare, or as Twilio messa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -64,6 +65,10 @@ class WebSocketTransport(Transport):
             self.marks.clear(num)
             await self.ws.send_text(self._twilio.clear())
 
+    async def close(self, code: int, reason: str) -> None:
+        with contextlib.suppress(Exception):  # already closed, or the peer is gone
+            await self.ws.close(code, reason)
+
     def forwarded(self, text: str) -> CarrierEvent | None:
         """A Twilio message the bot forwarded (mark echoes, the caller's media), when the
         session uses `twilio` framing; None for our own protocol's messages."""
@@ -84,14 +89,14 @@ class WebSocketTransport(Transport):
 async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     """One WebSocket session, from accept to close."""
     await ws.accept()
-    refusal = host.admit()
+    refusal = host.admission.admit(WebSocketTransport.name)
     if refusal is not None:
-        await ws.send_text(json.dumps(error_event(ErrorCode.TOO_MANY_SESSIONS, refusal)))
-        await ws.close(CloseCode.TRY_AGAIN_LATER, "too many sessions")
+        await ws.send_text(json.dumps(error_event(refusal.code, refusal.message)))
+        await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
         return
     core = SessionCore(uuid.uuid4().hex[:16], host.catalog, host.limits)
     transport = WebSocketTransport(ws, core)
-    runner = SessionRunner(core, host.engine, transport, host.playout)
+    runner = SessionRunner(core, host.engine, transport, host.playout, host.admission)
     try:
         while True:
             message = await ws.receive()
@@ -109,7 +114,7 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     except Exception:
         log.exception("session %s failed", core.session_id)
     finally:
-        host.release()
+        host.admission.release(WebSocketTransport.name)
         await runner.close()
 
 

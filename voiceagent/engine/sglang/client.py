@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,7 @@ import torch
 from ...model.contract import Voice
 from ...model.sampling import SamplingParams
 from ...model.speech_model import SpeechModel
+from ...ops.metrics import Metrics
 from ..lm_engine import EngineError, EngineUnavailable, TokenStream
 from .export import META, logit_bias, prompt_ids
 
@@ -56,6 +58,7 @@ class SGLangLM:
         self._aborts: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
         self.steps = 0
+        self.metrics = Metrics()  # replaced by the engine's
 
     # The embedded engine's interface -----------------------------------------------------
 
@@ -132,6 +135,10 @@ class SGLangLM:
         stream: TokenStream,
     ) -> None:
         self._active.add(rid)
+        m = self.metrics
+        t0 = time.monotonic()
+        first = True
+        finished = False  # the request ran to its end (for the latency histogram)
         off = int(self.meta["speech_offset"])
         stops = set(self.meta["stop_ids"])
         produced: list[int] = []
@@ -158,22 +165,32 @@ class SGLangLM:
                 async for new, cached in self._stream(body):
                     stream.cached_tokens = max(stream.cached_tokens, cached)
                     self.steps += 1
+                    m.lm_tokens.inc(len(new))
+                    if first:
+                        m.sglang_latency.labels("first_token").observe(time.monotonic() - t0)
+                        first = False
                     for token in new:
                         if token in stops:
+                            finished = True
                             stream.feed(None)
                             return
                         produced.append(token - off)
                         stream.feed([token - off])
+            finished = True
             stream.feed(None)
         except asyncio.CancelledError:
             raise
         except httpx.HTTPError as exc:
+            m.sglang_failures.labels("unavailable").inc()
             stream.feed(EngineUnavailable(f"SGLang at {self.url} is unavailable: {exc!r}"))
         except Exception as exc:
+            m.sglang_failures.labels("error").inc()
             log.exception("SGLang request %s failed", rid)
             stream.feed(EngineError(f"SGLang request failed: {exc}"))
         finally:
             self._active.discard(rid)
+            if finished:
+                m.sglang_latency.labels("total").observe(time.monotonic() - t0)
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[tuple[list[int], int]]:
         """New token ids of a streamed /generate, whether the server streams cumulative

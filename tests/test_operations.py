@@ -1,0 +1,329 @@
+"""Operating the server: liveness and readiness, Prometheus metrics that move as turns
+run, cancel and fail, admission of turns, structured logs, and the drain on SIGTERM.
+
+Everything runs against real servers on loopback with real websockets clients; the
+scrape is parsed with prometheus-client's own parser (a real Prometheus server scrapes
+it in test_prometheus.py). SIGTERM goes to a real `voiceagent serve` process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+from conftest import run
+from prometheus_client.parser import text_string_to_metric_families
+
+from voiceagent.bench.clients import Client, connect
+from voiceagent.ops.logs import configure_logging
+from voiceagent.protocol.errors import CloseCode
+from voiceagent.server.background import BackgroundServer, free_port
+from voiceagent.session.playout import PlayoutConfig
+
+UNPACED = PlayoutConfig(lead_ms=100_000)  # audio leaves as soon as it exists
+LONG_TEXT = "This answer runs on for a while, so that it is still playing. " * 3
+# Label names that stay low-cardinality; a session or turn id would be a bug.
+ALLOWED_LABELS = {"transport", "outcome", "code", "reason", "stage", "phase", "le", "device"}
+ALLOWED_LABELS |= {"kind", "model", "engine"}
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(server: BackgroundServer) -> Samples:
+    response = httpx.get(f"{server.http}/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+# -- health and readiness ------------------------------------------------------------
+
+
+def test_healthz_says_alive_and_readyz_says_ready_with_no_reasons(server) -> None:
+    assert httpx.get(f"{server.http}/healthz").json() == {"status": "alive"}
+    ready = httpx.get(f"{server.http}/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"ready": True, "reasons": []}
+
+
+def test_readyz_is_unready_at_the_session_limit_and_says_why(make_server) -> None:
+    server = make_server(max_sessions=1)
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            await Client(ws).start()
+            full = httpx.get(f"{server.http}/readyz")
+            assert full.status_code == 503
+            assert full.json()["reasons"] == ["at the session limit (1)"]
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+        assert httpx.get(f"{server.http}/readyz").status_code == 200
+
+    run(go())
+
+
+# -- metrics ---------------------------------------------------------------------------
+
+
+def test_metrics_move_as_turns_finish_cancel_and_meet_errors(make_server) -> None:
+    server = make_server(playout=PlayoutConfig(lead_ms=200))
+    before = scrape(server)
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            assert (await c.speak("Hello there.")).frames
+            during = scrape(server)
+            assert value(during, "voiceagent_sessions_active", transport="websocket") == 1
+            await c.send({"type": "speak", "text": LONG_TEXT, "turn_id": "long"})
+            while not isinstance(await ws.recv(), bytes):  # the turn is playing
+                pass
+            await c.send({"type": "cancel", "turn_id": "long"})
+            cancelled = await c.turn(until=("turn.cancelled",))
+            assert cancelled.event("turn.cancelled")["reason"] == "cancel"
+            await c.send("{not json")
+            assert (await c.event())["code"] == "invalid_json"
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+
+    run(go())
+    after = scrape(server)
+
+    def grew(name: str, by: float | None = None, **labels: str) -> float:
+        delta = value(after, name, **labels) - value(before, name, **labels)
+        if by is None:
+            assert delta > 0, f"{name}{labels} did not grow"
+        else:
+            assert delta == by, f"{name}{labels} grew by {delta}, not {by}"
+        return delta
+
+    ws = {"transport": "websocket"}
+    grew("voiceagent_turns_total", 1, outcome="done", **ws)
+    grew("voiceagent_turns_total", 1, outcome="cancelled", **ws)
+    grew("voiceagent_ttfa_seconds_count", 2, **ws)  # both turns sent audio
+    grew("voiceagent_turn_rtf_count", 1)  # only a finished turn has an RTF
+    grew("voiceagent_errors_total", 1, code="invalid_json")
+    grew("voiceagent_sessions_total", 1, **ws)
+    assert value(after, "voiceagent_sessions_active", **ws) == 0
+    assert value(after, "voiceagent_turns_active") == 0
+    grew("voiceagent_audio_sent_seconds_total", **ws)
+    grew("voiceagent_lm_tokens_total")
+    grew("voiceagent_lm_batch_size_count")
+    grew("voiceagent_lm_queue_wait_seconds_count")
+    grew("voiceagent_acoustic_chunk_seconds_count", stage="flow")
+    grew("voiceagent_acoustic_chunk_seconds_count", stage="vocoder")
+    grew("voiceagent_acoustic_queue_wait_seconds_count")
+    assert value(after, "process_resident_memory_bytes") > 10e6
+    assert value(after, "voiceagent_info", model="tiny", engine="embedded") == 1
+    labels = {name for (_, pairs) in after for name, _ in pairs}
+    assert labels <= ALLOWED_LABELS, f"unexpected labels: {labels - ALLOWED_LABELS}"
+
+
+def test_ttfa_histogram_matches_what_the_client_was_told(make_server) -> None:
+    server = make_server()
+
+    async def go() -> list[float]:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            told = []
+            for text in ("One.", "Two words.", "Three small words."):
+                done = (await c.speak(text)).event("turn.done")
+                told.append(done["timings"]["ttfa_ms"] / 1000)
+            return told
+
+    told = run(go())
+    s = scrape(server)
+    assert value(s, "voiceagent_ttfa_seconds_count", transport="websocket") == 3
+    assert value(s, "voiceagent_ttfa_seconds_sum", transport="websocket") == pytest.approx(
+        sum(told), abs=0.003
+    )
+
+
+# -- admission of turns ----------------------------------------------------------------
+
+
+def test_a_turn_beyond_the_live_turn_limit_fails_at_once_with_server_busy(make_server) -> None:
+    server = make_server(max_live_turns=1, playout=PlayoutConfig(lead_ms=200))
+
+    async def go() -> None:
+        async with connect(server.url) as a_ws, connect(server.url) as b_ws:
+            a, b = Client(a_ws), Client(b_ws)
+            await a.start()
+            await b.start()
+            await a.send({"type": "speak", "text": LONG_TEXT})
+            while not isinstance(await a_ws.recv(), bytes):  # a's turn holds the one slot
+                pass
+            refused = await b.speak("Me too.")
+            error = refused.event("error")
+            assert error["code"] == "server_busy" and "turn_id" in error
+            assert not refused.frames
+            assert server.voice_server.admission.live_turns == 1  # a's turn plays on
+            assert (await a.turn()).event("turn.done")
+            await wait_until(lambda: server.voice_server.admission.live_turns == 0)
+            assert (await b.speak("Me now.")).frames  # the slot is free again
+
+    run(go())
+    s = scrape(server)
+    assert value(s, "voiceagent_errors_total", code="server_busy") == 1
+    assert value(s, "voiceagent_admission_refused_total", reason="server_busy") == 1
+    assert value(s, "voiceagent_turns_total", transport="websocket", outcome="failed") == 1
+
+
+# -- logs --------------------------------------------------------------------------------
+
+
+def test_json_logs_have_one_summary_line_per_turn_with_ids_and_never_the_text(
+    server,
+) -> None:
+    secret = "Zanzibar marmalade"
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    try:
+
+        async def go() -> str:
+            async with connect(server.url) as ws:
+                c = Client(ws)
+                created = await c.start()
+                await c.speak(f"{secret} is on the menu.")
+                return str(created["session_id"])
+
+        session_id = run(go())
+    finally:
+        configure_logging("warning", "text")  # back to a quiet default for later tests
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    ends = [e for e in lines if e["event"] == "turn.end"]
+    assert len(ends) == 1
+    end = ends[0]
+    assert end["session_id"] == session_id and end["turn_id"].startswith("t")
+    assert end["outcome"] == "done" and end["transport"] == "websocket"
+    assert end["ttfa_ms"] > 0 and end["audio_s"] > 0 and end["rtf"] > 0
+    assert end["level"] == "info" and "timestamp" in end
+    assert secret not in out.getvalue()
+
+
+# -- drain -----------------------------------------------------------------------------
+
+
+def test_drain_closes_an_idle_session_at_once_and_a_busy_one_at_the_deadline(
+    make_server,
+) -> None:
+    server = make_server(playout=PlayoutConfig(lead_ms=200))
+
+    async def go() -> None:
+        async with connect(server.url) as idle_ws, connect(server.url) as busy_ws:
+            idle, busy = Client(idle_ws), Client(busy_ws)
+            await idle.start()
+            await busy.start()
+            await busy.send({"type": "speak", "text": LONG_TEXT * 4})
+            while not isinstance(await busy_ws.recv(), bytes):
+                pass
+            t0 = time.monotonic()
+            drained = asyncio.wrap_future(server.drain(deadline_s=1.0))
+            with pytest.raises(websockets.ConnectionClosed) as idle_closed:
+                await idle.event()
+            assert idle_closed.value.rcvd.code == CloseCode.GOING_AWAY
+            assert time.monotonic() - t0 < 0.9  # before the deadline: it had nothing live
+            with pytest.raises(websockets.ConnectionClosed) as busy_closed:
+                await busy.turn(until=("turn.done",))
+            assert busy_closed.value.rcvd.code == CloseCode.GOING_AWAY
+            assert busy_closed.value.rcvd.reason == "server draining"
+            assert time.monotonic() - t0 >= 0.9  # the deadline cut it
+            await asyncio.wait_for(drained, 5)
+            async with connect(server.url) as late:
+                await late.recv()  # the refusal
+                with pytest.raises(websockets.ConnectionClosed) as refused:
+                    await late.recv()
+                assert refused.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+
+    run(go())
+    ready = httpx.get(f"{server.http}/readyz")
+    assert ready.status_code == 503 and ready.json()["reasons"] == ["draining"]
+    assert value(scrape(server), "voiceagent_draining") == 1
+
+
+def test_sigterm_lets_the_live_turn_finish_refuses_newcomers_and_exits_0(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    log = tmp_path / "serve.log"
+    serve = ["serve", "--model", str(tiny_dir), "--port", str(port), "--web", str(tmp_path)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voiceagent.cli", *serve],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    base = f"http://127.0.0.1:{port}"
+    url = f"ws://127.0.0.1:{port}/v1/ws"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+
+        async def go() -> None:
+            async with connect(url) as ws:
+                c = Client(ws)
+                await c.start()
+                await c.send({"type": "speak", "text": LONG_TEXT})
+                while not isinstance(await ws.recv(), bytes):
+                    pass
+                proc.send_signal(signal.SIGTERM)
+                async with httpx.AsyncClient() as http:
+                    for _ in range(100):
+                        ready = await http.get(f"{base}/readyz")
+                        if ready.status_code == 503:
+                            break
+                        await asyncio.sleep(0.05)
+                assert ready.json()["reasons"] == ["draining"]
+                async with connect(url) as newcomer:
+                    refusal = json.loads(await newcomer.recv())
+                    assert refusal["code"] == "server_draining"
+                    with pytest.raises(websockets.ConnectionClosed) as refused:
+                        await newcomer.recv()
+                    assert refused.value.rcvd.code == CloseCode.TRY_AGAIN_LATER
+                finished = await c.turn()  # every frame of the sentence, then turn.done
+                done = finished.event("turn.done")
+                assert (1 + len(finished.frames)) * 20 == done["sent_ms"]
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await c.event()
+                assert closed.value.rcvd.code == CloseCode.GOING_AWAY
+
+        run(go())
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "draining" in log.read_text()
