@@ -65,7 +65,6 @@ class Admission:
             )
         if refusal is not None:
             self.metrics.refused.labels(str(refusal.code)).inc()
-            self.metrics.errors.labels(str(refusal.code)).inc()
             return refusal
         self.sessions += 1
         self.metrics.sessions.labels(transport).inc()

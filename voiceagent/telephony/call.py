@@ -222,6 +222,7 @@ class Call:
         elif isinstance(event, Invalid):
             # Carriers' messages are logged by kind only: never what the caller said.
             log.warning("call %s (%s): %s", self.info.call_id, self.info.carrier, event.reason)
+            self.host.engine.metrics.errors.labels(ErrorCode.INVALID_CARRIER_MESSAGE).inc()
             await self.bot.send(error_event(ErrorCode.INVALID_CARRIER_MESSAGE, event.reason))
         elif isinstance(event, Started):
             log.warning("call %s: a second start ignored", self.info.call_id)

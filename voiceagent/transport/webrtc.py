@@ -379,11 +379,11 @@ class WebRtcGateway:
         try:
             offer = await self._read_offer(request)
         except OfferError as err:
-            return _error(err)
+            return self._error(err)
         # Take the slot before the first await, so concurrent offers cannot overshoot.
         refusal = self.host.admission.admit(WebRtcTransport.name)
         if refusal is not None:
-            response = _error(OfferError(str(refusal.code), refusal.message, 503))
+            response = self._error(OfferError(str(refusal.code), refusal.message, 503))
             response.headers["Retry-After"] = str(refusal.retry_after_s)
             return response
         ice = [RTCIceServer(url) for url in self.config.ice_servers]
@@ -395,12 +395,20 @@ class WebRtcGateway:
             answer = await self._negotiate(session, offer)
         except OfferError as err:
             await self._abandon(session, pc)
-            return _error(err)
+            return self._error(err)
         except Exception as exc:
             log.exception("answering a WebRTC offer failed")
             await self._abandon(session, pc)
-            return _error(OfferError("internal_error", f"could not answer the offer: {exc}", 500))
+            return self._error(
+                OfferError("internal_error", f"could not answer the offer: {exc}", 500)
+            )
         return JSONResponse({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+    def _error(self, err: OfferError) -> JSONResponse:
+        self.host.engine.metrics.errors.labels(err.code).inc()
+        return JSONResponse(
+            {"type": "error", "code": err.code, "message": err.message}, status_code=err.status
+        )
 
     async def _abandon(self, session: WebRtcSession | None, pc: RTCPeerConnection) -> None:
         if session is not None:
@@ -474,9 +482,3 @@ class WebRtcGateway:
         ):
             raise OfferError("invalid_sdp", "the offer has no Opus at 48 kHz for the audio")
         return local
-
-
-def _error(err: OfferError) -> JSONResponse:
-    return JSONResponse(
-        {"type": "error", "code": err.code, "message": err.message}, status_code=err.status
-    )

@@ -91,6 +91,7 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     await ws.accept()
     refusal = host.admission.admit(WebSocketTransport.name)
     if refusal is not None:
+        host.engine.metrics.errors.labels(str(refusal.code)).inc()
         await ws.send_text(json.dumps(error_event(refusal.code, refusal.message)))
         await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
         return
