@@ -19,9 +19,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from conftest import run
+from prometheus_client.parser import text_string_to_metric_families
 
 from voiceagent.bench.clients import Client, connect
 from voiceagent.engine.embedded import EmbeddedEngine
@@ -215,7 +217,8 @@ def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path, caplog):
 @needs_sglang
 def test_sglang_killed_mid_turn_fails_the_turn_within_a_second_then_recovers(sglang, tiny_model):
     """Runs last in this module: it kills the shared SGLang server, then starts a new one
-    on the same port, and the same session speaks again."""
+    on the same port, and the same session speaks again. Meanwhile /readyz says why it
+    is not ready, and turns ready again by itself; the metrics count the failure."""
     server, export = sglang
     config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
     with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, server.url, export)) as vs:
@@ -231,16 +234,33 @@ def test_sglang_killed_mid_turn_fails_the_turn_within_a_second_then_recovers(sgl
                 t0 = time.monotonic()
                 r = await c.turn(until=("turn.done",))
                 waited = time.monotonic() - t0
-                revived = await asyncio.to_thread(
-                    SGLangServer, export, export / "sglang2.log", server.port
-                )
-                try:
-                    again = await c.speak("Back again.")
-                finally:
-                    revived.kill()
-                return r, waited, again
+                async with httpx.AsyncClient() as http:
+                    down = await http.get(f"{vs.http}/readyz")
+                    revived = await asyncio.to_thread(
+                        SGLangServer, export, export / "sglang2.log", server.port
+                    )
+                    try:
+                        up = await http.get(f"{vs.http}/readyz")
+                        again = await c.speak("Back again.")
+                    finally:
+                        revived.kill()
+                    metrics = (await http.get(f"{vs.http}/metrics")).text
+                return r, waited, again, down, up, metrics
 
-        r, waited, again = run(go())
+        r, waited, again, down, up, metrics = run(go())
+    assert down.status_code == 503
+    assert down.json()["reasons"] == ["LM engine 'sglang' is not reachable"]
+    assert up.status_code == 200 and up.json()["ready"]
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(metrics)
+        for s in family.samples
+    }
+    assert samples[("voiceagent_sglang_failures_total", (("reason", "unavailable"),))] == 1
+    assert samples[("voiceagent_errors_total", (("code", "engine_unavailable"),))] == 1
+    failed = (("outcome", "failed"), ("transport", "websocket"))
+    assert samples[("voiceagent_turns_total", failed)] == 1
+    assert samples[("voiceagent_sglang_request_seconds_count", (("phase", "first_token"),))] >= 2
     assert r.event("error")["code"] == "engine_unavailable"
     assert waited < 1.0
     assert again.frames and again.event("turn.done")["timings"]["tokens"] > 0

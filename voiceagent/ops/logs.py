@@ -43,7 +43,7 @@ def configure_logging(
         renderer = structlog.processors.JSONRenderer()
         shared.append(structlog.processors.format_exc_info)
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)
+        renderer = structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0, pad_level=False)
     formatter = structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

@@ -22,6 +22,7 @@ from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import EngineUnavailable, TokenStream
 from ..model.contract import PAD_TOKEN, Voice
 from ..model.sampling import SamplingParams
+from ..ops.logs import bind
 from ..text.normalize import normalize
 from ..text.segmenter import Segmenter, SegmenterConfig
 
@@ -176,6 +177,7 @@ class Turn:
     # -- production -----------------------------------------------------------------------
 
     async def _run(self) -> None:
+        bind(turn_id=self.id)  # this task's log lines name the turn
         s = self.settings
         try:
             framer = Framer(s.frames.sample_rate, s.frames.tail_samples)

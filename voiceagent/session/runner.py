@@ -197,20 +197,17 @@ class SessionRunner:
 
     def _log_end(self, turn_id: str, outcome: str, event: dict[str, Any]) -> None:
         timings = event.get("timings") or {}
-        sent_ms = event.get("sent_ms")
-        log.info(
-            "turn.end",
-            extra={
-                "turn_id": turn_id,
-                "outcome": outcome,
-                "code": event.get("code"),
-                "ttfa_ms": timings.get("ttfa_ms"),
-                "audio_s": None if sent_ms is None else sent_ms / 1000,
-                "played_s": event["played_ms"] / 1000 if "played_ms" in event else None,
-                "rtf": timings.get("rtf"),
-                "transport": self.transport.name,
-            },
-        )
+        fields = {
+            "turn_id": turn_id,
+            "outcome": outcome,
+            "transport": self.transport.name,
+            "code": event.get("code"),
+            "ttfa_ms": timings.get("ttfa_ms"),
+            "audio_s": event["sent_ms"] / 1000 if "sent_ms" in event else None,
+            "played_s": event["played_ms"] / 1000 if "played_ms" in event else None,
+            "rtf": timings.get("rtf"),
+        }
+        log.info("turn.end", extra={k: v for k, v in fields.items() if v is not None})
 
     async def _open(self, action: OpenTurn) -> None:
         if self.admission is not None:
