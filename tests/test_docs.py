@@ -4,7 +4,8 @@ A client author writes a client from docs/protocol.md alone, and an operator run
 server from docs/operations.md. Each table below is parsed out of the Markdown (the key
 of a row is the first `backticked` token of its first cell) and compared with what the
 code defines or does: error codes, close codes, session settings and their defaults,
-the CLI's commands and the flags of `serve`, `say` and `bench`.
+the CLI's commands, the flags of `serve`, `say` and `bench`, and the configuration's
+keys with their defaults and flags.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 import voiceagent
+from voiceagent import config
 from voiceagent.cli import build_parser
 from voiceagent.protocol.errors import CloseCode, ErrorCode
 from voiceagent.protocol.messages import Settings, settings_table
@@ -393,7 +395,21 @@ def _flag_actions(command: str) -> dict[str, argparse.Action]:
     return found
 
 
-def _default_differs(cell: str, action: argparse.Action) -> str | None:
+def _real_default(command: str, action: argparse.Action) -> Any:
+    """The parser's default, except for the flags of a configuration key: those default to
+    None in the parser (a flag not given leaves the file's value), the key's is real."""
+    if command in ("serve", "config"):
+        for info in config.schema_keys():
+            if info.flag in action.option_strings:
+                default = info.default
+                # "" and 0 are a key's "unset": described in words, like None
+                if default in ("", 0) and not isinstance(default, float):
+                    return None
+                return ",".join(map(str, default)) if isinstance(default, tuple) else default
+    return action.default
+
+
+def _default_differs(cell: str, action: argparse.Action, default: Any) -> str | None:
     is_literal, documented = _literal(cell)
     if not action.option_strings:  # a positional argument
         return None if cell == "—" else f"a positional argument: default '—', not '{cell}'"
@@ -403,14 +419,14 @@ def _default_differs(cell: str, action: argparse.Action) -> str | None:
         return None if cell == "off" else f"an on/off switch, documented as '{cell}'"
     if not is_literal:
         # A default described in words is computed at run time: None in the parser.
-        if action.default is None:
+        if default is None:
             return None
-        return f"documented as '{cell}', but the parser's default is {action.default!r}"
+        return f"documented as '{cell}', but the parser's default is {default!r}"
     try:
-        same = float(documented) == float(action.default)
+        same = float(documented) == float(default)
     except (TypeError, ValueError):
-        same = str(documented) == str(action.default)
-    return None if same else f"documented default {documented!r}, parser: {action.default!r}"
+        same = str(documented) == str(default)
+    return None if same else f"documented default {documented!r}, parser: {default!r}"
 
 
 @pytest.mark.parametrize("command", ["serve", "say", "bench"])
@@ -420,9 +436,40 @@ def test_the_flag_table_matches_the_parser(command: str) -> None:
     assert set(rows) == set(actions), _differ(
         f"`voiceagent {command}` flags (operations.md vs cli.py)", set(rows), set(actions)
     )
-    wrong = [
-        f"{name}: {problem}"
-        for name, (cell, _) in rows.items()
-        if (problem := _default_differs(cell, actions[name])) is not None
-    ]
+    wrong = []
+    for name, (cell, _) in rows.items():
+        action = actions[name]
+        if problem := _default_differs(cell, action, _real_default(command, action)):
+            wrong.append(f"{name}: {problem}")
     assert not wrong, f"`voiceagent {command}` defaults that differ:\n" + "\n".join(wrong)
+
+
+# -- (f) configuration keys -------------------------------------------------------------
+
+
+def _code(cell: str) -> str | None:
+    """The cell's first `backticked` text, as written; None for a cell without one (—)."""
+    match = re.match(r"`([^`]+)`", cell)
+    return match.group(1) if match else None
+
+
+def test_the_key_table_lists_exactly_the_configuration_keys_with_defaults_and_flags() -> None:
+    """Default as the TOML the file would hold, flag as the parser spells it."""
+    table = _table(OPERATIONS, "Keys", ["key", "default", "flag", "meaning"])
+    default, flag = table.column("default"), table.column("flag")
+    documented = {
+        _key(row[0], table): (_code(row[default]), _code(row[flag])) for row in table.rows
+    }
+    keys = config.schema_keys()
+    in_code = {info.key: (config.toml_value(info.default), info.flag) for info in keys}
+    assert set(documented) == set(in_code), _differ(
+        "configuration keys (operations.md#keys vs voiceagent/config)",
+        set(documented),
+        set(in_code),
+    )
+    wrong = [
+        f"{key}: documented (default, flag) {documented[key]}, in the code {in_code[key]}"
+        for key in in_code
+        if documented[key] != in_code[key]
+    ]
+    assert not wrong, "configuration keys that differ:\n" + "\n".join(wrong)

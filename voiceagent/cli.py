@@ -5,67 +5,67 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from .audio.format import FRAME_MS, MODEL_RATE
+from . import config
+from .audio.format import MODEL_RATE
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
+from .ops.logs import LEVELS, configure_logging
 
 log = logging.getLogger("voiceagent")
+
+
+def _settings(args: argparse.Namespace) -> config.Loaded | None:
+    try:
+        return config.load(args.config, config.flag_values(args))
+    except config.ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return None
 
 
 def _serve(args: argparse.Namespace) -> int:
     import uvloop
 
     from .engine.embedded import EmbeddedEngine
-    from .pipeline.turn import ChunkSchedule
-    from .protocol.session import Limits
-    from .server.app import DEFAULT_WEB_DIR, ServerConfig, VoiceServer, serve
-    from .session.playout import PlayoutConfig
-    from .telephony.call import TelephonyConfig
-    from .transport.webrtc import WebRtcConfig
+    from .server.app import VoiceServer, serve
 
-    model = load_model(args.model, args.device)
+    loaded = _settings(args)
+    if loaded is None:
+        return 2
+    settings = loaded.settings
+    configure_logging(settings.log.level, settings.log.format)
+    if loaded.file:
+        log.info("settings from %s", loaded.file)
+    model = load_model(settings.model.path or None, settings.model.device)
+    engine_settings = settings.engine
     lm = None
-    if args.engine == "sglang":
+    if engine_settings.kind == "sglang":
         from .engine.sglang.client import SGLangLM
 
-        if not args.sglang_url or not args.sglang_export:
-            print("error: --engine sglang needs --sglang-url and --sglang-export", file=sys.stderr)
-            return 2
-        lm = SGLangLM(model, args.sglang_url, Path(args.sglang_export), args.sglang_timeout)
-    engine = EmbeddedEngine(model, max_batch=args.max_batch, threads=args.threads, lm=lm)
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        max_sessions=args.max_sessions,
-        limits=Limits(
-            max_message_bytes=args.max_message_bytes,
-            max_text_chars=args.max_text_chars,
-            max_turns=args.max_turns,
-        ),
-        playout=PlayoutConfig(
-            lead_ms=args.lead_ms,
-            schedule=ChunkSchedule(tuple(int(x) for x in args.chunks.split(","))),
-            max_segment_tokens=int(args.max_speech_s * 25),
-            max_ahead_ms=args.max_ahead_ms,
-        ),
-        voices_dir=voices_dir(args),
-        webrtc=WebRtcConfig(track_buffer_frames=max(1, args.webrtc_buffer_ms // FRAME_MS)),
-        telephony=TelephonyConfig(
-            attach_timeout_s=args.bot_attach_timeout,
-            twilio_auth_token=os.environ.get("VOICEAGENT_TWILIO_AUTH_TOKEN") or None,
-            public_url=args.public_url,
-            audiosocket_port=args.audiosocket_port,
-        ),
-        web_dir=Path(args.web) if args.web else DEFAULT_WEB_DIR,
+        lm = SGLangLM(
+            model,
+            engine_settings.sglang_url,
+            Path(engine_settings.sglang_export),
+            engine_settings.sglang_timeout_s,
+        )
+    engine = EmbeddedEngine(
+        model, max_batch=engine_settings.max_batch, threads=engine_settings.threads or None, lm=lm
     )
-    log.info("serving on ws://%s:%d/v1/ws", args.host, args.port)
-    uvloop.run(serve(VoiceServer(engine, config), args.log_level))
+    server_config = settings.server_config()
+    log.info("serving on ws://%s:%d/v1/ws", server_config.host, server_config.port)
+    uvloop.run(serve(VoiceServer(engine, server_config), settings.log.level))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    loaded = _settings(args)
+    if loaded is None:
+        return 2
+    print(config.render(loaded), end="")
     return 0
 
 
@@ -130,10 +130,7 @@ def _say(args: argparse.Namespace) -> int:
 
 def voices_dir(args: argparse.Namespace) -> Path:
     """Where `voice add` writes and `serve` reads added voices."""
-    if args.voices:
-        return Path(args.voices)
-    base = Path(args.model) if args.model else tiny.default_tiny_dir()
-    return base / "voices"
+    return config.voices_folder(args.voices, args.model)
 
 
 def _voice_add(args: argparse.Namespace) -> int:
@@ -197,58 +194,22 @@ def _bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="voiceagent", description=__doc__)
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        help="debug, info, warning or error (default: info); for serve, key log.level",
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the server (WebSocket, WebRTC, /health, web page)")
-    s.add_argument("--model", help="model directory (default: the random-weight tiny model)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-sessions", type=int, default=64)
-    s.add_argument("--max-turns", type=int, default=8, help="live turns per session")
-    s.add_argument("--max-message-bytes", type=int, default=64 * 1024)
-    s.add_argument("--max-text-chars", type=int, default=20_000, help="per turn")
-    s.add_argument("--lead-ms", type=int, default=200, help="audio sent ahead of real time")
-    s.add_argument(
-        "--max-ahead-ms",
-        type=int,
-        default=5000,
-        help="audio a turn may synthesize ahead of sending (0: no bound)",
-    )
-    s.add_argument(
-        "--webrtc-buffer-ms",
-        type=int,
-        default=200,
-        help="WebRTC: audio queued on the track ahead of real time (a cancel drops it)",
-    )
-    s.add_argument("--chunks", default="4,8,16,25", help="tokens per flow chunk, in order")
-    s.add_argument(
-        "--max-speech-s", type=float, default=60.0, help="ceiling on one segment's speech"
-    )
-    s.add_argument("--max-batch", type=int, default=16, help="LM decode batch (KV slots)")
-    s.add_argument("--device", default="auto", help="cpu, cuda, cuda:N (auto: cuda if present)")
-    s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
-    s.add_argument("--web", help="the demo page folder served at / (default: the checkout's web/)")
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    s.add_argument("--engine", choices=["embedded", "sglang"], default="embedded")
-    s.add_argument("--sglang-url", help="SGLang server, e.g. http://127.0.0.1:30000")
-    s.add_argument("--sglang-export", help="the directory written by export-sglang")
-    s.add_argument("--sglang-timeout", type=float, default=30.0, help="seconds per request")
-    s.add_argument(
-        "--public-url",
-        help="telephony: the https:// URL carriers reach this server by (Twilio signs it); "
-        "set VOICEAGENT_TWILIO_AUTH_TOKEN to check X-Twilio-Signature",
-    )
-    s.add_argument(
-        "--audiosocket-port", type=int, help="telephony: Asterisk AudioSocket TCP port (off)"
-    )
-    s.add_argument(
-        "--bot-attach-timeout",
-        type=float,
-        default=10.0,
-        help="telephony: seconds a call waits for its bot (and a bot for its call)",
-    )
+    config.add_flags(s)
     s.set_defaults(func=_serve)
+
+    s = sub.add_parser(
+        "config", help="print the settings serve would run with, as TOML, and where each came from"
+    )
+    config.add_flags(s)
+    s.set_defaults(func=_config)
 
     s = sub.add_parser("export-sglang", help="write the LM as a Qwen2 checkpoint for SGLang")
     s.add_argument("--model", help="model directory (default: the tiny model)")
@@ -319,9 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    if args.func not in (_serve, _config):  # those two know the level once settings load
+        configure_logging(args.log_level or "info")
     try:
         return int(args.func(args))
     except CheckpointError as exc:

@@ -13,13 +13,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..ops.metrics import Metrics
 from ..protocol.errors import CloseCode, ErrorCode
-
-if TYPE_CHECKING:
-    from .runner import SessionRunner
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +26,22 @@ DRAIN_POLL_S = 0.05
 
 # The codes `Admission.admit` refuses a session with.
 SESSION_REFUSALS = (ErrorCode.TOO_MANY_SESSIONS, ErrorCode.SERVER_DRAINING)
+
+
+class Closable(Protocol):
+    drains_when_idle: bool
+
+    async def close(self, code: int, reason: str) -> None: ...
+
+
+class LiveSession(Protocol):
+    """What the drain needs of a session (a LiveSession)."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    @property
+    def transport(self) -> Closable: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +59,7 @@ class Admission:
         self.sessions = 0
         self.live_turns = 0
         self.draining = False
-        self.runners: set[SessionRunner] = set()
+        self.runners: set[LiveSession] = set()
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -115,7 +128,7 @@ class Admission:
             self.live_turns,
             deadline_s,
         )
-        closing: set[SessionRunner] = set()
+        closing: set[LiveSession] = set()
         while self.runners:
             overdue = time.monotonic() >= end
             for runner in list(self.runners - closing):
@@ -128,4 +141,4 @@ class Admission:
         grace = time.monotonic() + 2.0
         while self.runners and time.monotonic() < grace:
             await asyncio.sleep(DRAIN_POLL_S)
-        log.info("drained; %d sessions did not close in time", len(self.runners))
+        log.info("drained; %d sessions were still closing", len(self.runners))

@@ -1,0 +1,310 @@
+"""The schema: every key of the server's configuration, its default, meaning, flag and
+range, one pydantic model per [section] of the TOML file."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+if TYPE_CHECKING:
+    from ..server.app import ServerConfig
+
+ENV_PREFIX = "VOICEAGENT_"
+CONFIG_ENV = "VOICEAGENT_CONFIG"  # the file, when --config is not given
+# The variable that held the Twilio token before there was a config; still read.
+TWILIO_TOKEN_ALIAS = "VOICEAGENT_TWILIO_AUTH_TOKEN"
+
+Key = str  # "section.key", as in the file's [section] key = value
+
+
+def setting(default: Any, meaning: str, flag: str | None = None, **rules: Any) -> Any:
+    """One key: its default, a one-line meaning, its `serve` flag if it has one, and the
+    range pydantic checks (ge=, le=, ...)."""
+    extra: dict[str, Any] | None = {"flag": flag} if flag else None
+    return Field(default, description=meaning, json_schema_extra=extra, **rules)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value: Any) -> Any:
+        # pydantic would read `port = true` as 1; no key here is a switch
+        if isinstance(value, bool):
+            raise PydanticCustomError("no_bool", "Input should not be true or false")
+        return value
+
+
+def _url(value: str, schemes: tuple[str, ...]) -> str:
+    if value and not value.startswith(schemes):
+        raise PydanticCustomError("url", "should start with {s}", {"s": " or ".join(schemes)})
+    return value
+
+
+class ServerSection(Section):
+    host: str = setting("127.0.0.1", "address to bind (0.0.0.0: all interfaces)", "--host")
+    port: int = setting(8000, "HTTP, WebSocket and WebRTC signaling port", "--port", ge=1, le=65535)
+    max_sessions: int = setting(
+        64, "concurrent sessions, WebSocket and WebRTC together", "--max-sessions", ge=1
+    )
+    max_live_turns: int = setting(
+        128, "live turns across all sessions; beyond it a turn gets server_busy", ge=1
+    )
+    drain_timeout_s: float = setting(
+        30.0, "on SIGTERM, seconds live turns may finish before sessions close", ge=0
+    )
+    web: str = setting("", "demo page folder served at / (empty: the checkout's web/)", "--web")
+    voices: str = setting("", "folder of added voices (empty: MODEL/voices)", "--voices")
+
+    @field_validator("host")
+    @classmethod
+    def _host_not_empty(cls, value: str) -> str:
+        if not value:
+            raise PydanticCustomError("host", "should not be empty")
+        return value
+
+
+class SessionSection(Section):
+    max_turns: int = setting(8, "live turns per session", "--max-turns", ge=1)
+    max_message_bytes: int = setting(
+        64 * 1024, "largest client JSON message, in UTF-8 bytes", "--max-message-bytes", ge=1
+    )
+    max_text_chars: int = setting(
+        20_000, "most text per turn, in characters", "--max-text-chars", ge=1
+    )
+
+
+class PlayoutSection(Section):
+    lead_ms: int = setting(200, "audio sent ahead of real time, in ms", "--lead-ms", ge=0)
+    max_ahead_ms: int = setting(
+        5000, "audio a turn may synthesize ahead of sending, in ms (0: no bound)", "--max-ahead-ms"
+    )
+    # NoDecode: the environment and the flag say "4,8,16,25", not only JSON
+    chunks: Annotated[tuple[Annotated[int, Field(gt=0)], ...], NoDecode] = setting(
+        (4, 8, 16, 25), "speech tokens per acoustic chunk, in order; the last repeats", "--chunks"
+    )
+    max_speech_s: float = setting(
+        60.0, "ceiling on one text segment's speech, in seconds", "--max-speech-s", ge=0.04
+    )  # 0.04 s: one speech token
+    webrtc_buffer_ms: int = setting(
+        200, "WebRTC: audio queued on a track ahead of real time, in ms", "--webrtc-buffer-ms", ge=0
+    )
+
+    @field_validator("max_ahead_ms")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise PydanticCustomError("ahead", "should be 0 (no bound) or more")
+        return value
+
+    @field_validator("chunks", mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            items = value.strip().removeprefix("[").removesuffix("]").split(",")
+            value = [item.strip() for item in items if item.strip()]
+        if isinstance(value, list | tuple) and not value:
+            raise PydanticCustomError("chunks", "should name at least one chunk size")
+        return value
+
+
+class ModelSection(Section):
+    path: str = setting("", "model directory (empty: the random-weight tiny model)", "--model")
+    device: str = setting(
+        "auto", "cpu, cuda or cuda:N (auto: cuda if torch sees a GPU)", "--device"
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise PydanticCustomError("device", "should be auto, cpu, cuda or cuda:N")
+        return value
+
+
+class EngineSection(Section):
+    kind: Literal["embedded", "sglang"] = setting(
+        "embedded", "where the LM runs: embedded (in process) or sglang", "--engine"
+    )
+    max_batch: int = setting(16, "LM decode batch (KV slots)", "--max-batch", ge=1)
+    threads: int = setting(0, "torch CPU threads (0: torch's default)", "--threads", ge=0)
+    sglang_url: str = setting(
+        "", "SGLang server, e.g. http://127.0.0.1:30000 (kind sglang)", "--sglang-url"
+    )
+    sglang_export: str = setting(
+        "", "the directory export-sglang wrote (kind sglang)", "--sglang-export"
+    )
+    sglang_timeout_s: float = setting(
+        30.0, "seconds per request to SGLang", "--sglang-timeout", gt=0
+    )
+
+    @field_validator("sglang_url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        return _url(value, ("http://", "https://"))
+
+    @model_validator(mode="after")
+    def _sglang_needs_its_server(self) -> EngineSection:
+        missing = [f"engine.{k}" for k in ("sglang_url", "sglang_export") if not getattr(self, k)]
+        if self.kind == "sglang" and missing:
+            # "key" names the key the error is reported under (see _problem)
+            raise PydanticCustomError(
+                "sglang", "needs {missing}", {"key": "kind", "missing": " and ".join(missing)}
+            )
+        return self
+
+
+class TelephonySection(Section):
+    public_url: str = setting(
+        "", "the https:// URL carriers reach this server by (Twilio signs it)", "--public-url"
+    )
+    audiosocket_port: int = setting(
+        0, "Asterisk AudioSocket TCP port (0: off)", "--audiosocket-port", ge=0, le=65535
+    )
+    bot_attach_timeout_s: float = setting(
+        10.0,
+        "seconds a call waits for its bot (and a bot for its call)",
+        "--bot-attach-timeout",
+        gt=0,
+    )
+    twilio_auth_token: SecretStr = setting(
+        SecretStr(""),
+        "when set, X-Twilio-Signature is checked (a secret: keep it in the environment)",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _https(cls, value: str) -> str:
+        return _url(value, ("https://",))
+
+
+class LogSection(Section):
+    level: Literal["debug", "info", "warning", "error"] = setting(
+        "info", "debug, info, warning or error", "--log-level"
+    )
+    format: Literal["text", "json"] = setting(
+        "text", "text (readable lines) or json (one object per line), on stderr", "--log-format"
+    )
+
+
+class Settings(BaseSettings):
+    """Every setting of `voiceagent serve`, one section per [table] of the file."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    server: ServerSection = ServerSection()
+    session: SessionSection = SessionSection()
+    playout: PlayoutSection = PlayoutSection()
+    model: ModelSection = ModelSection()
+    engine: EngineSection = EngineSection()
+    telephony: TelephonySection = TelephonySection()
+    log: LogSection = LogSection()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # load() reads file, environment and flags itself, to know where each value came
+        # from; the model only validates what it is given.
+        return (init_settings,)
+
+    def voices_dir(self) -> Path:
+        return voices_folder(self.server.voices or None, self.model.path or None)
+
+    def server_config(self) -> ServerConfig:
+        """The server's runtime configuration (the engine is built by the caller)."""
+        from ..audio.format import FRAME_MS
+        from ..pipeline.turn import ChunkSchedule
+        from ..protocol.session import Limits
+        from ..server.app import DEFAULT_WEB_DIR, ServerConfig
+        from ..session.playout import PlayoutConfig
+        from ..telephony.call import TelephonyConfig
+        from ..transport.webrtc import WebRtcConfig
+
+        server, playout, phone = self.server, self.playout, self.telephony
+        return ServerConfig(
+            host=server.host,
+            port=server.port,
+            max_sessions=server.max_sessions,
+            max_live_turns=server.max_live_turns,
+            drain_timeout_s=server.drain_timeout_s,
+            limits=Limits(
+                max_message_bytes=self.session.max_message_bytes,
+                max_text_chars=self.session.max_text_chars,
+                max_turns=self.session.max_turns,
+            ),
+            playout=PlayoutConfig(
+                lead_ms=playout.lead_ms,
+                schedule=ChunkSchedule(playout.chunks),
+                max_segment_tokens=int(playout.max_speech_s * 25),
+                max_ahead_ms=playout.max_ahead_ms,
+            ),
+            voices_dir=self.voices_dir(),
+            webrtc=WebRtcConfig(track_buffer_frames=max(1, playout.webrtc_buffer_ms // FRAME_MS)),
+            telephony=TelephonyConfig(
+                attach_timeout_s=phone.bot_attach_timeout_s,
+                twilio_auth_token=phone.twilio_auth_token.get_secret_value() or None,
+                public_url=phone.public_url or None,
+                audiosocket_port=phone.audiosocket_port or None,
+            ),
+            web_dir=Path(server.web) if server.web else DEFAULT_WEB_DIR,
+        )
+
+
+def voices_folder(voices: str | None, model: str | None) -> Path:
+    """Where `voice add` writes and `serve` reads added voices."""
+    if voices:
+        return Path(voices)
+    if model:
+        return Path(model) / "voices"
+    from ..model.tiny.checkpoint import default_tiny_dir
+
+    return default_tiny_dir() / "voices"
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    key: Key
+    default: Any
+    meaning: str
+    flag: str | None
+    annotation: Any
+
+
+def schema_keys() -> list[KeyInfo]:
+    """Every key of the schema, in file order."""
+    found = []
+    for section, field in Settings.model_fields.items():
+        assert field.annotation is not None
+        for name, sub in field.annotation.model_fields.items():
+            extra = sub.json_schema_extra if isinstance(sub.json_schema_extra, dict) else {}
+            flag = extra.get("flag")
+            found.append(
+                KeyInfo(
+                    f"{section}.{name}",
+                    sub.default,
+                    sub.description or "",
+                    flag if isinstance(flag, str) else None,
+                    sub.annotation,
+                )
+            )
+    return found
