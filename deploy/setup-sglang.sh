@@ -8,4 +8,7 @@ if [[ ! -x .venv-sglang/bin/python ]] || ! .venv-sglang/bin/python -c "import sg
   .venv-sglang/bin/pip install -q --upgrade pip
   .venv-sglang/bin/pip install -q "sglang==0.5.23"
 fi
-.venv-sglang/bin/python -c "import sglang; print('sglang', sglang.__version__, 'ready')"
+# sglang-router: the load balancer in front of several SGLang servers (tests route through it)
+.venv-sglang/bin/python -c "import sglang_router" 2>/dev/null \
+  || .venv-sglang/bin/pip install -q "sglang-router==0.3.2"
+.venv-sglang/bin/python -c "import sglang, sglang_router; print('sglang', sglang.__version__, 'ready')"

@@ -214,6 +214,75 @@ def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path, caplog):
     assert any("not reachable yet" in rec.getMessage() for rec in caplog.records)
 
 
+class Router:
+    """sglang-router (the SGLang project's load balancer) in front of `workers`."""
+
+    def __init__(self, workers: list[str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [str(SGLANG_PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--policy", "cache_aware", "--worker-urls", *workers]
+        self.proc = subprocess.Popen(
+            cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+        )
+        deadline = time.monotonic() + 60
+        while True:  # up: its /health answers (with or without workers)
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return
+            except urllib.error.HTTPError:
+                return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"sglang-router did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@needs_sglang
+def test_turns_run_through_sglang_router_and_readiness_follows_its_workers(
+    sglang, tiny_model, tmp_path
+):
+    """Several LM servers behind sglang-router (here one): voiceagent only knows the
+    router. Its /health says 200 even without workers, so readiness must not trust it."""
+    server, export = sglang
+    routed = Router([server.url], tmp_path / "router.log")
+    empty = Router([], tmp_path / "router-empty.log")
+    try:
+        config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
+        with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, routed.url, export)) as vs:
+            ready = httpx.get(f"{vs.http}/readyz")
+            for _ in range(60):  # the router admits its worker after a health check
+                if ready.status_code == 200:
+                    break
+                time.sleep(0.5)
+                ready = httpx.get(f"{vs.http}/readyz")
+
+            async def go():
+                async with connect(vs.url) as ws:
+                    c = Client(ws)
+                    await c.start()
+                    return await c.speak("Through the router.")
+
+            spoken = run(go())
+        config = ServerConfig(port=free_port())
+        with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, empty.url, export)) as vs:
+            lonely = httpx.get(f"{vs.http}/readyz")
+    finally:
+        routed.kill()
+        empty.kill()
+    assert ready.status_code == 200, ready.text
+    assert spoken.frames and spoken.event("turn.done")["timings"]["tokens"] > 0
+    assert lonely.status_code == 503
+    assert lonely.json()["reasons"] == ["LM engine 'sglang' is not reachable"]
+
+
 @needs_sglang
 def test_sglang_killed_mid_turn_fails_the_turn_within_a_second_then_recovers(sglang, tiny_model):
     """Runs last in this module: it kills the shared SGLang server, then starts a new one
@@ -240,7 +309,11 @@ def test_sglang_killed_mid_turn_fails_the_turn_within_a_second_then_recovers(sgl
                         SGLangServer, export, export / "sglang2.log", server.port
                     )
                     try:
-                        up = await http.get(f"{vs.http}/readyz")
+                        for _ in range(120):  # SGLang answers the probe once it is warm
+                            up = await http.get(f"{vs.http}/readyz")
+                            if up.status_code == 200:
+                                break
+                            await asyncio.sleep(0.5)
                         again = await c.speak("Back again.")
                     finally:
                         revived.kill()

@@ -57,6 +57,7 @@ class SGLangLM:
         self._active: set[str] = set()
         self._aborts: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
+        self._probe: str | None = None  # the readiness path, once the server told us
         self.steps = 0
         self.metrics = Metrics()  # replaced by the engine's
 
@@ -73,8 +74,17 @@ class SGLangLM:
         return len(self._active)
 
     async def healthy(self) -> bool:
+        """SGLang's `/health`; behind sglang-router, the router's `/readiness`, since the
+        router's `/health` says 200 even when no SGLang server is behind it."""
         try:
-            r = await self._http().get(f"{self.url}/health", timeout=2.0)
+            if self._probe is None:
+                r = await self._http().get(f"{self.url}/readiness", timeout=2.0)
+                if r.status_code == 404:
+                    self._probe = "/health"
+                else:
+                    self._probe = "/readiness"
+                    return r.status_code == 200
+            r = await self._http().get(f"{self.url}{self._probe}", timeout=2.0)
             return r.status_code == 200
         except httpx.HTTPError:
             return False
