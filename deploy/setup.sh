@@ -14,9 +14,10 @@ sudo=""
 # libopus0: opuslib's codec. Tests also speak real speech prompts with espeak-ng, drive
 # the demo page (web/) in Debian's chromium, and place phone calls with real 8 kHz human
 # speech: Asterisk's prompts (asterisk-core-sounds-en-wav) and their transcripts
-# (asterisk-core-sounds-en, core-sounds-en.txt.gz).
+# (asterisk-core-sounds-en, core-sounds-en.txt.gz). prometheus: a real Prometheus scrapes
+# a test server and runs the PromQL of docs/operations.md (tests/test_prometheus.py).
 packages=(libopus0)
-[[ -n "$extras" ]] && packages+=(espeak-ng chromium asterisk-core-sounds-en-wav asterisk-core-sounds-en)
+[[ -n "$extras" ]] && packages+=(espeak-ng chromium asterisk-core-sounds-en-wav asterisk-core-sounds-en prometheus)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
