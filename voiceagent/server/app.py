@@ -146,6 +146,7 @@ class VoiceServer:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
+        self.metrics.ready.set(1)  # from now on /readyz keeps it current
         if delay > 1.0:
             log.info("LM engine '%s' is ready", self.engine.name)
 
