@@ -29,6 +29,9 @@ from kubernetes_validate.utils import SchemaNotFoundError
 from prometheus_client.metrics import MetricWrapperBase
 
 from voiceagent.cli import build_parser
+from voiceagent.config.flags import flag_values
+from voiceagent.config.load import load
+from voiceagent.config.schema import schema_keys
 from voiceagent.ops.metrics import Metrics
 from voiceagent.server.app import ServerConfig
 
@@ -49,9 +52,6 @@ K8S_VERSIONS = ["1.33.0", "1.37.0"]
 NOT_IN_KUSTOMIZATION = {"export-sglang-job.yaml", "prometheus-adapter-rules.yaml"}
 # What the app serves for probes (/healthz: the process lives; /readyz: take traffic).
 PROBE_PATHS = ["/healthz", "/readyz"]
-# Added to `serve` on another branch; until the parser knows it, it is the one flag the
-# command lines may carry that the parser does not know.
-PENDING_FLAG = ["--log-format", "json"]
 
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
@@ -85,17 +85,18 @@ def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def parse_voiceagent_argv(argv: list[str]) -> Any:
-    """Parse a `voiceagent ...` command line with the CLI's own parser. Only the pending
-    `--log-format json` may be unknown, and only while the parser does not know it."""
+    """Parse a `voiceagent ...` command line with the CLI's own parser (every flag must
+    be known). A `serve` flag that is not given reads as the value serve would use."""
     assert argv[0] == "voiceagent", argv
-    parser = build_parser()
-    _, pending_unknown = parser.parse_known_args(["serve", *PENDING_FLAG])
-    args, unknown = parser.parse_known_args(argv[1:])
-    if not unknown:
+    args = build_parser().parse_args(argv[1:])
+    if args.command != "serve":
         return args
-    assert pending_unknown == PENDING_FLAG and unknown == PENDING_FLAG, (
-        f"flags the parser does not know in {argv}: {unknown}"
-    )
+    settings = load(None, flag_values(args)).settings.model_dump()
+    for info in schema_keys():
+        dest = info.flag.lstrip("-").replace("-", "_") if info.flag else None
+        if dest and getattr(args, dest, None) is None:
+            section, name = info.key.split(".")
+            setattr(args, dest, settings[section][name])
     return args
 
 
