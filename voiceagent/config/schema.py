@@ -190,6 +190,35 @@ class TelephonySection(Section):
         return _url(value, ("https://",))
 
 
+class GuardSection(Section):
+    """Per-client protection (transport/guard.py); docs/security.md."""
+
+    messages_per_s: float = setting(
+        200.0, "messages per second one connection may send, sustained", gt=0
+    )
+    message_burst: int = setting(
+        400, "messages one connection may send at once above that rate", ge=1
+    )
+    flood_close_s: float = setting(
+        5.0, "seconds over the message rate before the connection is closed", gt=0
+    )
+    start_timeout_s: float = setting(
+        10.0, "seconds a socket may wait before session.start, then closed", gt=0
+    )
+    idle_timeout_s: float = setting(
+        0.0, "seconds without a message or a live turn before closing (0: never)", ge=0
+    )
+    send_timeout_s: float = setting(
+        10.0, "seconds a send may block on a client that stopped reading", gt=0
+    )
+    connections_per_s: float = setting(
+        20.0, "new connections per second from one address (loopback exempt)", gt=0
+    )
+    connection_burst: int = setting(
+        40, "new connections one address may open at once above that rate", ge=1
+    )
+
+
 class LogSection(Section):
     level: Literal["debug", "info", "warning", "error"] = setting(
         "info", "debug, info, warning or error", "--log-level"
@@ -212,6 +241,7 @@ class Settings(BaseSettings):
     model: ModelSection = ModelSection()
     engine: EngineSection = EngineSection()
     telephony: TelephonySection = TelephonySection()
+    guard: GuardSection = GuardSection()
     log: LogSection = LogSection()
 
     @classmethod
@@ -238,6 +268,7 @@ class Settings(BaseSettings):
         from ..server.app import DEFAULT_WEB_DIR, ServerConfig
         from ..session.playout import PlayoutConfig
         from ..telephony.call import TelephonyConfig
+        from ..transport.guard import GuardConfig
         from ..transport.webrtc import WebRtcConfig
 
         server, playout, phone = self.server, self.playout, self.telephony
@@ -266,6 +297,7 @@ class Settings(BaseSettings):
                 public_url=phone.public_url or None,
                 audiosocket_port=phone.audiosocket_port or None,
             ),
+            guard=GuardConfig(**self.guard.model_dump()),
             web_dir=Path(server.web) if server.web else DEFAULT_WEB_DIR,
         )
 

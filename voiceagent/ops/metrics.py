@@ -92,6 +92,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.closed = Counter(
+            "voiceagent_sessions_closed",
+            "Sessions the server closed on its own, by reason (rate_limited, "
+            "session_start_timeout, idle_timeout, slow_consumer)",
+            ["reason"],
+            registry=r,
+        )
         self.turns_active = Gauge(
             "voiceagent_turns_active", "Live turns (synthesizing or playing)", registry=r
         )

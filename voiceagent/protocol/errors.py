@@ -23,6 +23,11 @@ class ErrorCode(StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
     SERVER_BUSY = "server_busy"  # the server's live-turn limit: this turn is refused
     SERVER_DRAINING = "server_draining"  # shutting down: connect to another server
+    # protection from greedy or broken clients (transport/guard.py)
+    RATE_LIMITED = "rate_limited"  # messages or connections faster than allowed
+    SESSION_START_TIMEOUT = "session_start_timeout"  # no session.start in time: closed
+    IDLE_TIMEOUT = "idle_timeout"  # no message and no live turn for too long: closed
+    SLOW_CONSUMER = "slow_consumer"  # the client stopped reading (never sent: it can't be)
     # telephony (docs/telephony.md)
     UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
     CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call

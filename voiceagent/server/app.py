@@ -44,6 +44,7 @@ from ..telephony.bot_server import serve_bot
 from ..telephony.call import CallRegistry, TelephonyConfig
 from ..telephony.media_streams import DIALECTS
 from ..telephony.stream_server import serve_media_stream
+from ..transport.guard import ClientNoise, ConnectionGate, GuardConfig
 from ..transport.webrtc import WebRtcConfig, WebRtcGateway
 from ..transport.websocket import serve_websocket
 
@@ -71,6 +72,7 @@ class ServerConfig:
     voices_rescan_s: float = 2.0
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     web_dir: Path | None = DEFAULT_WEB_DIR  # served at / (None: no page)
 
 
@@ -81,6 +83,7 @@ class VoiceServer:
         self.metrics = engine.metrics
         self.admission = Admission(config.max_sessions, config.max_live_turns, self.metrics)
         self.calls = CallRegistry()
+        self.connections = ConnectionGate(config.guard)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         model = engine.model
         self.catalog = Catalog(
@@ -233,6 +236,10 @@ class VoiceServer:
     def telephony(self) -> TelephonyConfig:
         return self.config.telephony
 
+    @property
+    def guard(self) -> GuardConfig:
+        return self.config.guard
+
     async def _websocket(self, ws: WebSocket) -> None:
         await serve_websocket(self, ws)
 
@@ -250,6 +257,9 @@ class VoiceServer:
 
 
 def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Config:
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientNoise) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(ClientNoise())
     return uvicorn.Config(
         server.app,
         host=server.config.host,

@@ -15,6 +15,7 @@ from ..protocol.session import Catalog, Limits, SendAudio
 
 if TYPE_CHECKING:
     from ..engine.embedded import EmbeddedEngine
+    from ..transport.guard import ConnectionGate, GuardConfig
     from .admission import Admission
     from .playout import PlayoutConfig
 
@@ -74,3 +75,11 @@ class SessionHost(Protocol):
     @property
     def admission(self) -> Admission:
         """Session and turn slots, and the drain (admit / release a session there)."""
+
+    @property
+    def guard(self) -> GuardConfig:
+        """Limits on what one client may do: message rate, timeouts."""
+
+    @property
+    def connections(self) -> ConnectionGate:
+        """New connections per client address."""

@@ -42,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..audio.format import FRAME_MS, OPUS_RATE, frame_samples
+from ..protocol.errors import ErrorCode
 from ..protocol.messages import Format
 from ..protocol.session import SendAudio, SessionCore
 from ..session.port import SessionHost, Transport
@@ -376,6 +377,13 @@ class WebRtcGateway:
             await session.close()
 
     async def offer(self, request: Request) -> JSONResponse:
+        now = asyncio.get_running_loop().time()
+        if not self.host.connections.admit(request.client.host if request.client else None, now):
+            self.host.engine.metrics.refused.labels(str(ErrorCode.RATE_LIMITED)).inc()
+            message = "too many new connections from this address"
+            response = self._error(OfferError(str(ErrorCode.RATE_LIMITED), message, 429))
+            response.headers["Retry-After"] = "1"
+            return response
         try:
             offer = await self._read_offer(request)
         except OfferError as err:

@@ -4,6 +4,7 @@ binary message (protocol/frames.py header + payload; or bare, or as Twilio messa
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -11,6 +12,7 @@ import uuid
 from typing import Any
 
 import numpy as np
+from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..audio.format import MULAW_RATE
@@ -23,6 +25,7 @@ from ..session.runner import SessionRunner
 from ..telephony.events import CallerAudio, CallInfo, CarrierEvent, Invalid, MarkEchoed
 from ..telephony.marks import MarkBook
 from ..telephony.media_streams import TWILIO, JsonStream
+from .guard import GuardConfig, MessageGate, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -30,40 +33,58 @@ log = logging.getLogger(__name__)
 class WebSocketTransport(Transport):
     name = "websocket"
 
-    def __init__(self, ws: WebSocket, core: SessionCore) -> None:
+    def __init__(self, ws: WebSocket, core: SessionCore, send_timeout_s: float = 10.0) -> None:
         self.ws = ws
         self.core = core
+        self.send_timeout_s = send_timeout_s
+        self.stalled = False  # a send blocked past send_timeout_s: the client stopped reading
+        self.session_task = asyncio.current_task()  # cancelled when the client stalls
         # `twilio` framing: the Twilio messages a bot forwards, and the marks it echoes back
         self.marks = MarkBook()
         self._twilio = JsonStream(TWILIO)
 
+    async def _send(self, data: str | bytes) -> None:
+        """Send one message; a client that stopped reading ends its session after
+        `send_timeout_s` (its buffer is full, so nothing more reaches it anyway)."""
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                if isinstance(data, str):
+                    await self.ws.send_text(data)
+                else:
+                    await self.ws.send_bytes(data)
+        except TimeoutError:
+            self.stalled = True
+            if self.session_task is not None:
+                self.session_task.cancel()
+            raise ConnectionError("the client stopped reading") from None
+
     async def send_event(self, event: dict[str, Any]) -> None:
-        await self.ws.send_text(json.dumps(event))
+        await self._send(json.dumps(event))
 
     async def send_audio(self, frame: SendAudio) -> None:
         fmt = self._format()
         if fmt.framing == "raw":
-            await self.ws.send_bytes(frame.payload)
+            await self._send(frame.payload)
         elif fmt.framing == "twilio":
-            await self.ws.send_text(self._twilio_stream(fmt.stream_sid).media(frame.payload))
+            await self._send(self._twilio_stream(fmt.stream_sid).media(frame.payload))
             name = self.marks.sent(frame.num)
             if name is not None:
-                await self.ws.send_text(self._twilio.mark(name))
+                await self._send(self._twilio.mark(name))
         else:
             header = AudioFrame(frame.codec, frame.num, frame.seq, frame.pts_ms, frame.payload)
-            await self.ws.send_bytes(pack(header))
+            await self._send(pack(header))
 
     async def end_turn(self, num: int) -> None:
         name = self.marks.end(num)
         if name is not None and self._format().framing == "twilio":
-            await self.ws.send_text(self._twilio.mark(name))
+            await self._send(self._twilio.mark(name))
 
     async def drop_turn(self, num: int) -> None:
         """Nothing is queued here (the runner sends each frame when it is due); with
         `twilio` framing the bot forwards our `clear` to drop what Twilio buffers."""
         if self.marks.has_audio(num) and self._format().framing == "twilio":
             self.marks.clear(num)
-            await self.ws.send_text(self._twilio.clear())
+            await self._send(self._twilio.clear())
 
     async def close(self, code: int, reason: str) -> None:
         with contextlib.suppress(Exception):  # already closed, or the peer is gone
@@ -88,6 +109,12 @@ class WebSocketTransport(Transport):
 
 async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     """One WebSocket session, from accept to close."""
+    loop = asyncio.get_running_loop()
+    guard = host.guard
+    if not host.connections.admit(ws.client.host if ws.client else None, loop.time()):
+        host.engine.metrics.refused.labels(str(ErrorCode.RATE_LIMITED)).inc()
+        await ws.send_denial_response(rate_limited_response())  # HTTP 429, no upgrade
+        return
     await ws.accept()
     refusal = host.admission.admit(WebSocketTransport.name)
     if refusal is not None:
@@ -96,27 +123,96 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
         await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
         return
     core = SessionCore(uuid.uuid4().hex[:16], host.catalog, host.limits)
-    transport = WebSocketTransport(ws, core)
+    transport = WebSocketTransport(ws, core, guard.send_timeout_s)
     runner = SessionRunner(core, host.engine, transport, host.playout, host.admission)
+    gate = MessageGate(guard)
+    opened = last = loop.time()
+    ended: ErrorCode | None = None  # why the server ends the session, if it does
     try:
-        while True:
-            message = await ws.receive()
+        while ended is None:
+            deadline = _deadline(guard, opened, last, core.started)
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await ws.receive()
+            except TimeoutError:
+                if not core.started:
+                    ended = ErrorCode.SESSION_START_TIMEOUT
+                elif runner.idle:
+                    ended = ErrorCode.IDLE_TIMEOUT
+                last = loop.time()  # a turn is live: not idle
+                continue
             if message["type"] == "websocket.disconnect":
                 break
-            text = message.get("text")
-            if text is not None and (event := transport.forwarded(text)) is not None:
-                await act_on_forwarded(runner, transport, event)
-            elif text is not None:
-                await runner.on_text(text)
-            elif message.get("bytes") is not None:
-                await runner.on_bytes(message["bytes"])
+            last = loop.time()
+            verdict = gate.check(last)
+            if verdict is Verdict.PASS:
+                await _handle(runner, transport, message)
+            elif verdict is Verdict.WARN:
+                await transport.send_event(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE))
+            elif verdict is Verdict.CLOSE:
+                ended = ErrorCode.RATE_LIMITED
+            # Let other sessions run between two messages: a burst already read must not
+            # hold the event loop (their paced frames would be late).
+            await asyncio.sleep(0)
     except WebSocketDisconnect:
         pass
+    except asyncio.CancelledError:
+        if not transport.stalled:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        ended = ErrorCode.SLOW_CONSUMER
     except Exception:
         log.exception("session %s failed", core.session_id)
     finally:
         host.admission.release(WebSocketTransport.name)
         await runner.close()
+    if ended is not None:
+        await _end(host, transport, ended)
+
+
+RATE_MESSAGE = "messages arrive faster than the session's limit; some were dropped"
+CLOSING = {
+    ErrorCode.RATE_LIMITED: "sent over the message rate for too long",
+    ErrorCode.SESSION_START_TIMEOUT: "no session.start in time",
+    ErrorCode.IDLE_TIMEOUT: "no message and no live turn for too long",
+}
+
+
+def _deadline(guard: GuardConfig, opened: float, last: float, started: bool) -> float | None:
+    """When the socket has waited too long: to start the session, or idle."""
+    if not started:
+        return opened + guard.start_timeout_s
+    if guard.idle_timeout_s > 0:
+        return last + guard.idle_timeout_s
+    return None
+
+
+async def _handle(runner: SessionRunner, transport: WebSocketTransport, message: Any) -> None:
+    text = message.get("text")
+    if text is not None and (event := transport.forwarded(text)) is not None:
+        await act_on_forwarded(runner, transport, event)
+    elif text is not None:
+        await runner.on_text(text)
+    elif message.get("bytes") is not None:
+        await runner.on_bytes(message["bytes"])
+
+
+async def _end(host: SessionHost, transport: WebSocketTransport, code: ErrorCode) -> None:
+    """The server closes the session: say why (unless the client stopped reading), 1008."""
+    host.engine.metrics.closed.labels(str(code)).inc()
+    log.info("session %s closed: %s", transport.core.session_id, code)
+    if code is ErrorCode.SLOW_CONSUMER:
+        return  # nothing more can reach it; the connection goes when the client does
+    host.engine.metrics.errors.labels(str(code)).inc()
+    with contextlib.suppress(Exception):
+        await transport.ws.send_text(json.dumps(error_event(code, CLOSING[code])))
+        await transport.ws.close(CloseCode.POLICY_VIOLATION, str(code))
+
+
+def rate_limited_response() -> JSONResponse:
+    """HTTP 429 for an address opening connections too fast."""
+    body = error_event(ErrorCode.RATE_LIMITED, "too many new connections from this address")
+    return JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
 
 
 async def act_on_forwarded(

@@ -1,0 +1,270 @@
+"""Greedy and broken clients (transport/guard.py): a flood of messages is dropped and
+then closed without holding anyone else up, a socket that never starts a session or sits
+idle is closed, a client that stops reading loses its session, an address opening
+connections too fast is refused before the upgrade, and nothing a client sends puts a
+traceback in the log.
+
+The gates are checked with a clock of our own; the rest against real servers on
+loopback with real websockets clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+import websockets
+from conftest import run
+
+from voiceagent.bench.clients import Client, connect
+from voiceagent.protocol.errors import CloseCode
+from voiceagent.server.background import BackgroundServer
+from voiceagent.session.playout import PlayoutConfig
+from voiceagent.transport.guard import ConnectionGate, GuardConfig, MessageGate, Verdict
+
+LONG_TEXT = "This answer goes on and on, so that there is plenty of audio to send. " * 8
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def closed_after(ws: websockets.ClientConnection) -> tuple[int, list[str]]:
+    """Read until the server closes; its close code and the text messages before it."""
+    texts = []
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        while True:
+            message = await asyncio.wait_for(ws.recv(), 15)
+            if isinstance(message, str):
+                texts.append(message)
+    assert closed.value.rcvd is not None, "closed without a close frame"
+    return closed.value.rcvd.code, texts
+
+
+# -- the gates, on a clock of our own ----------------------------------------------------
+
+
+def test_a_connection_within_its_rate_passes_and_a_burst_is_allowed() -> None:
+    gate = MessageGate(GuardConfig(messages_per_s=10, message_burst=5))
+    assert [gate.check(0.0) for _ in range(5)] == [Verdict.PASS] * 5
+    assert gate.check(0.0) is Verdict.WARN  # the sixth at once is over
+    assert gate.check(0.05) is Verdict.DROP  # told once a second, not per message
+    assert gate.check(0.2) is Verdict.PASS  # 0.1 s refills one token
+
+
+def test_a_connection_over_its_rate_for_too_long_is_closed() -> None:
+    config = GuardConfig(messages_per_s=10, message_burst=1, flood_close_s=2.0)
+    gate = MessageGate(config)
+    verdicts = [gate.check(t / 1000) for t in range(0, 2500, 10)]  # 100 messages/s
+    assert Verdict.CLOSE in verdicts
+    first_close = verdicts.index(Verdict.CLOSE) * 0.01
+    assert 2.0 <= first_close <= 2.1
+    # a second within the rate forgives the past
+    calm = MessageGate(config)
+    for t in range(0, 1500, 10):
+        calm.check(t / 1000)
+    assert [calm.check(1.5 + t / 8) for t in range(1, 17)] == [Verdict.PASS] * 16
+    assert calm.check(3.5) is Verdict.WARN  # over again: a new flood, not a close
+    assert calm.check(3.51) is Verdict.DROP
+
+
+def test_new_connections_per_address_are_limited_and_loopback_is_exempt() -> None:
+    gate = ConnectionGate(GuardConfig(connections_per_s=1, connection_burst=2))
+    assert [gate.admit("198.51.100.7", 0.0) for _ in range(3)] == [True, True, False]
+    assert gate.admit("198.51.100.8", 0.0)  # another address has its own budget
+    assert gate.admit("198.51.100.7", 1.0)  # a second later, one more
+    assert all(gate.admit("127.0.0.1", 0.0) for _ in range(100))
+    assert all(gate.admit("::1", 0.0) for _ in range(100))
+
+
+def test_the_connection_gate_forgets_idle_addresses_beyond_its_size() -> None:
+    gate = ConnectionGate(GuardConfig(connections_per_s=10, connection_burst=10))
+    gate.MAX_TRACKED = 100
+    for i in range(100):
+        gate.admit(f"198.51.100.{i}", 0.0)
+    gate.admit("203.0.113.1", 60.0)  # the others have long refilled: forgotten
+    assert list(gate.buckets) == ["203.0.113.1"]
+
+
+# -- real servers ---------------------------------------------------------------------
+
+
+def test_a_socket_that_never_starts_a_session_is_closed_and_frees_its_slot(
+    make_server,
+) -> None:
+    server = make_server(max_sessions=1, guard=GuardConfig(start_timeout_s=0.5))
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            code, texts = await closed_after(ws)
+        assert code == CloseCode.POLICY_VIOLATION
+        assert json.loads(texts[-1])["code"] == "session_start_timeout"
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+        async with connect(server.url) as ws:  # the slot is free for someone else
+            await Client(ws).start()
+
+    run(go())
+
+
+def test_an_idle_session_is_closed_only_when_nothing_plays(make_server) -> None:
+    server = make_server(guard=GuardConfig(idle_timeout_s=0.6), playout=PlayoutConfig(lead_ms=200))
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            # a turn that plays for longer than the idle timeout is not cut
+            done = (await c.speak(LONG_TEXT[:200])).event("turn.done")
+            assert done["sent_ms"] > 600
+            code, texts = await closed_after(ws)
+        assert code == CloseCode.POLICY_VIOLATION
+        assert json.loads(texts[-1])["code"] == "idle_timeout"
+
+    run(go())
+
+
+def test_a_flooding_connection_is_dropped_then_closed_while_others_speak(
+    make_server,
+) -> None:
+    guard = GuardConfig(messages_per_s=50, message_burst=50, flood_close_s=1.5)
+    server = make_server(guard=guard, playout=PlayoutConfig(lead_ms=200))
+
+    async def flood() -> tuple[list[str], float]:
+        """Send far over the rate without pausing to read; a reader keeps what arrives
+        (the close frame itself may be lost: closing a socket with the flood still
+        unread resets the connection)."""
+        async with connect(server.url) as ws:
+            await Client(ws).start()
+            texts: list[str] = []
+
+            async def read() -> None:
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    async for message in ws:
+                        texts.append(str(message))
+
+            reader = asyncio.create_task(read())
+            t0 = time.monotonic()
+            with pytest.raises(websockets.ConnectionClosed):
+                while time.monotonic() - t0 < 20:
+                    for _ in range(100):
+                        await ws.send('{"type": "ping"}')
+                    await asyncio.sleep(0.005)  # about 20,000/s: far over 50/s
+            flooded_for = time.monotonic() - t0
+            await reader
+            return texts, flooded_for
+
+    async def speak() -> dict:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            await asyncio.sleep(0.3)  # the flood is on
+            return (await c.speak("Meanwhile, a normal answer.")).event("turn.done")
+
+    async def go() -> None:
+        (texts, flooded_for), done = await asyncio.gather(flood(), speak())
+        codes = {json.loads(t)["code"] for t in texts if '"error"' in t}
+        assert codes == {"rate_limited"}
+        assert 1.0 < flooded_for < 15  # flood_close_s after the first drop (busy: later)
+        assert done["sent_ms"] > 0  # the other session spoke all along
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+
+    run(go())
+    assert server.voice_server.metrics.closed.labels("rate_limited")._value.get() == 1
+
+
+def test_a_client_that_stops_reading_loses_its_session_and_nobody_waits(
+    make_server,
+) -> None:
+    guard = GuardConfig(send_timeout_s=1.0)
+    server = make_server(guard=guard, playout=PlayoutConfig(lead_ms=100_000))
+    host, port = server.url.split("//")[1].split("/")[0].split(":")
+
+    async def go() -> None:
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled = await websockets.connect(server.url, sock=sock, max_queue=1, max_size=None)
+        try:
+            await stalled.send(json.dumps({"type": "session.start", "format": {"codec": "pcm16"}}))
+            await stalled.send(json.dumps({"type": "speak", "text": LONG_TEXT * 4}))
+            # ... and never reads again
+            await wait_until(lambda: server.voice_server.admission.sessions == 1)
+            async with connect(server.url) as ws:
+                c = Client(ws)
+                await c.start()
+                assert (await c.speak("I am still served.")).frames
+            await wait_until(lambda: server.voice_server.admission.sessions == 0, 20)
+        finally:
+            stalled.transport.abort()
+
+    run(go())
+    metrics = server.voice_server.metrics
+    assert metrics.closed.labels("slow_consumer")._value.get() == 1
+    assert server.voice_server.admission.live_turns == 0
+
+
+def test_an_address_opening_connections_too_fast_gets_429_before_the_upgrade(
+    tiny_model, tmp_path
+) -> None:
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    from voiceagent.server.app import ServerConfig
+    from voiceagent.server.background import free_port
+
+    config = ServerConfig(
+        host="0.0.0.0", port=free_port(), guard=GuardConfig(connections_per_s=1, connection_burst=2)
+    )
+    with BackgroundServer(tiny_model, config):
+        url = f"ws://{address}:{config.port}/v1/ws"
+
+        async def go() -> int:
+            async with connect(url) as a, connect(url) as b:
+                await Client(a).start()
+                await Client(b).start()
+                with pytest.raises(websockets.InvalidStatus) as refused:
+                    await connect(url)
+                return refused.value.response.status_code
+
+        assert run(go()) == 429
+        offer = httpx.post(f"http://{address}:{config.port}/v1/webrtc/offer", json={})
+        assert offer.status_code == 429 and offer.json()["code"] == "rate_limited"
+        assert offer.headers["retry-after"] == "1"
+
+
+def test_invalid_utf8_from_a_client_is_one_info_line_not_an_error_with_traceback(
+    server: BackgroundServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="uvicorn.error")  # the server set WARNING
+
+    async def go() -> int:
+        async with connect(server.url) as ws:
+            await ws.send(b"\xff\xfe not UTF-8", text=True)
+            code, _ = await closed_after(ws)
+            return code
+
+    assert run(go()) == 1007
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    noted = [r for r in caplog.records if "Invalid UTF-8" in r.getMessage()]
+    assert noted and all(r.levelno == logging.INFO and not r.exc_info for r in noted)
+
+
+def _non_loopback_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            address = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address

@@ -1,0 +1,137 @@
+"""Protection from greedy and broken clients: how fast a connection may send messages,
+how fast one address may open connections, how long a socket may wait before it starts a
+session (or sit idle), and how long a send may block on a client that stopped reading.
+
+The checks are plain objects fed with the time, so they are tested without sockets; the
+transports apply them.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    # Per connection: sustained messages per second and the burst above it. Microphone
+    # audio in 20 ms messages is 50/s and an LLM's deltas rarely pass 100/s.
+    messages_per_s: float = 200.0
+    message_burst: int = 400
+    # A connection still over its rate after this long is closed (1008).
+    flood_close_s: float = 5.0
+    # A socket that has not sent `session.start` by then is closed: it holds a slot.
+    start_timeout_s: float = 10.0
+    # No message from the client and no live turn for this long: closed (0: never).
+    idle_timeout_s: float = 0.0
+    # A send to a client that stopped reading that blocks this long ends the session.
+    send_timeout_s: float = 10.0
+    # New connections (WebSocket, WebRTC offers) per second from one address, and the
+    # burst; loopback is exempt (a local proxy's own address; uvicorn resolves
+    # X-Forwarded-For from trusted proxies first).
+    connections_per_s: float = 20.0
+    connection_burst: int = 40
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate = rate
+        self.burst = float(burst)
+        self.tokens = float(burst)
+        self.last: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.last is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class Verdict(enum.Enum):
+    PASS = "pass"
+    DROP = "drop"  # over the rate: the message is not read
+    WARN = "warn"  # dropped, and the client is told (at most once a second)
+    CLOSE = "close"  # over the rate for flood_close_s: the connection is closed
+
+
+class MessageGate:
+    """One connection's inbound messages against its rate."""
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.bucket = TokenBucket(config.messages_per_s, config.message_burst)
+        self.flooding_since: float | None = None  # the first drop of this flood
+        self.last_drop = float("-inf")
+        self.warned_at = float("-inf")
+        self.dropped = 0
+
+    def check(self, now: float) -> Verdict:
+        if self.flooding_since is not None and now - self.last_drop > 1.0:
+            self.flooding_since = None  # a whole second without a drop: it calmed down
+        if self.bucket.take(now):
+            return Verdict.PASS
+        self.dropped += 1
+        self.last_drop = now
+        if self.flooding_since is None:
+            self.flooding_since = now
+        if now - self.flooding_since >= self.config.flood_close_s:
+            return Verdict.CLOSE
+        if now - self.warned_at >= 1.0:
+            self.warned_at = now
+            return Verdict.WARN
+        return Verdict.DROP
+
+
+class ConnectionGate:
+    """New connections per client address (loopback exempt)."""
+
+    MAX_TRACKED = 10_000  # addresses remembered; idle ones are forgotten beyond it
+
+    def __init__(self, config: GuardConfig) -> None:
+        self.config = config
+        self.buckets: dict[str, TokenBucket] = {}
+
+    def admit(self, address: str | None, now: float) -> bool:
+        if address is None or _loopback(address):
+            return True
+        bucket = self.buckets.get(address)
+        if bucket is None:
+            if len(self.buckets) >= self.MAX_TRACKED:
+                self._forget_idle(now)
+            bucket = self.buckets[address] = TokenBucket(
+                self.config.connections_per_s, self.config.connection_burst
+            )
+        return bucket.take(now)
+
+    def _forget_idle(self, now: float) -> None:
+        """Drop addresses whose bucket has refilled: they are as good as new."""
+        full = self.config.connection_burst / self.config.connections_per_s
+        self.buckets = {
+            a: b for a, b in self.buckets.items() if b.last is not None and now - b.last < full
+        }
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+class ClientNoise(logging.Filter):
+    """uvicorn logs a client's invalid UTF-8 text frame as an ERROR with a traceback;
+    anyone could fill the log with it. It is the client's mistake: one INFO line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.getMessage().startswith("Invalid UTF-8 sequence received from client"):
+            return True
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info = record.exc_text = None
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
