@@ -196,3 +196,17 @@ def test_cutoff_bench_shows_the_bounds_save_work_on_a_cut_off_turn(tiny_dir):
     assert free["audio_made_s"] > bounded["audio_made_s"]
     assert bounded["audio_made_s"] <= 3 + 5 + 1
     assert free["lm_steps"] > bounded["lm_steps"]
+
+
+@pytest.mark.timeout(300)
+def test_flood_bench_measures_a_victim_with_and_without_a_flood(tiny_dir):
+    """The same turns, quiet and while flooders send without reading: both phases are
+    reported with the same keys, and the flood really was on."""
+    args = ["bench", "--scenario", "flood", "--model", str(tiny_dir), "--turns", "1", "--json"]
+    proc = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(proc.stdout)
+    quiet, flood = report["quiet"], report["flood"]
+    assert set(quiet) == set(flood) >= {"ttfa_ms_p50", "late_frames", "max_late_ms"}
+    assert quiet["frames"] == flood["frames"] > 0  # the same seeded turn, all of it
+    assert quiet["flood_messages"] == 0 < flood["flood_messages"]
+    assert flood["health_ms_p50"] > 0

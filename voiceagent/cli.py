@@ -230,10 +230,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "telephony", "cutoff", "chunk-cost"],
+        choices=["ws", "webrtc", "telephony", "flood", "cutoff", "chunk-cost"],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
-        "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; cutoff: "
+        "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; flood: another "
+        "session's TTFA and late frames while clients flood the server; cutoff: "
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
         "1 vs 20",
     )

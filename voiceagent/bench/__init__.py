@@ -3,6 +3,7 @@
 ws.py       --scenario ws: TTFA and RTF over WebSocket, streaming vs the baseline
 webrtc.py   --scenario webrtc: real-time sessions and barge-in latency over WebRTC
 telephony.py --scenario telephony: simulated Twilio calls with bots, barge-in, CPU
+flood.py    --scenario flood: another session's TTFA and late frames during a flood
 cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
 clients.py  WebSocket client, aiortc peer, paced microphone track
@@ -53,6 +54,11 @@ def run_bench(args: argparse.Namespace) -> int:
             max_ahead_ms=args.max_ahead_ms,
         )
         text = telephony.table(report)
+    elif args.scenario == "flood":
+        from . import flood
+
+        report = flood.measure(args.model, turns=args.turns)
+        text = flood.table(report)
     elif args.scenario == "webrtc":
         from . import webrtc
 

@@ -19,10 +19,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class GuardConfig:
     # Per connection: sustained messages per second and the burst above it. Microphone
-    # audio in 20 ms messages is 50/s and an LLM's deltas rarely pass 100/s.
+    # audio in 20 ms messages is 50/s and an LLM's deltas rarely pass 100/s. Beyond it
+    # the server reads the connection's messages only at this rate: the rest waits in
+    # the network buffers and the client's sends block (nothing is lost).
     messages_per_s: float = 200.0
     message_burst: int = 400
-    # A connection still over its rate after this long is closed (1008).
+    # A connection held back for this long without a pause is closed (1008).
     flood_close_s: float = 5.0
     # A socket that has not sent `session.start` by then is closed: it holds a slot.
     start_timeout_s: float = 10.0
@@ -45,40 +47,49 @@ class TokenBucket:
         self.last: float | None = None
 
     def take(self, now: float) -> bool:
-        if self.last is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
+        self.refill(now)
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True
         return False
 
+    def reserve(self, now: float) -> float:
+        """Take a token, in debt if need be: the seconds to wait before using it."""
+        self.refill(now)
+        self.tokens -= 1.0
+        return max(0.0, -self.tokens / self.rate)
+
+    def refill(self, now: float) -> None:
+        if self.last is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+
 
 class Verdict(enum.Enum):
     PASS = "pass"
-    DROP = "drop"  # over the rate: the message is not read
-    WARN = "warn"  # dropped, and the client is told (at most once a second)
-    CLOSE = "close"  # over the rate for flood_close_s: the connection is closed
+    WAIT = "wait"  # over the rate: read this message only after `delay`
+    WARN = "warn"  # wait, and tell the client (at most once a second)
+    CLOSE = "close"  # held back for flood_close_s without a pause: closed
 
 
 class MessageGate:
-    """One connection's inbound messages against its rate."""
+    """One connection's inbound messages against its rate. A message over the rate is
+    read later (`delay`): the network then holds the client back."""
 
     def __init__(self, config: GuardConfig) -> None:
         self.config = config
         self.bucket = TokenBucket(config.messages_per_s, config.message_burst)
-        self.flooding_since: float | None = None  # the first drop of this flood
-        self.last_drop = float("-inf")
+        self.flooding_since: float | None = None  # held back without a pause since
         self.warned_at = float("-inf")
-        self.dropped = 0
+        self.delay = 0.0
 
     def check(self, now: float) -> Verdict:
-        if self.flooding_since is not None and now - self.last_drop > 1.0:
-            self.flooding_since = None  # a whole second without a drop: it calmed down
-        if self.bucket.take(now):
+        self.bucket.refill(now)
+        if self.bucket.tokens >= max(1.0, self.bucket.burst / 2):
+            self.flooding_since = None  # it paused long enough to refill half its burst
+        self.delay = self.bucket.reserve(now)
+        if self.delay == 0.0:
             return Verdict.PASS
-        self.dropped += 1
-        self.last_drop = now
         if self.flooding_since is None:
             self.flooding_since = now
         if now - self.flooding_since >= self.config.flood_close_s:
@@ -86,7 +97,7 @@ class MessageGate:
         if now - self.warned_at >= 1.0:
             self.warned_at = now
             return Verdict.WARN
-        return Verdict.DROP
+        return Verdict.WAIT
 
 
 class ConnectionGate:

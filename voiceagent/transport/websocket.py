@@ -54,9 +54,11 @@ class WebSocketTransport(Transport):
                     await self.ws.send_bytes(data)
         except TimeoutError:
             self.stalled = True
-            if self.session_task is not None:
-                self.session_task.cancel()
+            if self.session_task not in (None, asyncio.current_task()):
+                self.session_task.cancel()  # it waits for the client's next message
             raise ConnectionError("the client stopped reading") from None
+        except (RuntimeError, WebSocketDisconnect) as exc:  # closed under us
+            raise ConnectionError("the connection is closed") from exc
 
     async def send_event(self, event: dict[str, Any]) -> None:
         await self._send(json.dumps(event))
@@ -145,32 +147,34 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
                 break
             last = loop.time()
             verdict = gate.check(last)
-            if verdict is Verdict.PASS:
-                await _handle(runner, transport, message)
-            elif verdict is Verdict.WARN:
-                await transport.send_event(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE))
-            elif verdict is Verdict.CLOSE:
+            if verdict is Verdict.CLOSE:
                 ended = ErrorCode.RATE_LIMITED
-            # Let other sessions run between two messages: a burst already read must not
-            # hold the event loop (their paced frames would be late).
-            await asyncio.sleep(0)
-    except WebSocketDisconnect:
+                continue
+            if verdict is Verdict.WARN:
+                await transport.send_event(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE))
+            # Over the rate, wait before the next read: uvicorn reads no more from this
+            # socket meanwhile, so TCP holds the client back. Within it, still yield once:
+            # a burst already read must not hold up other sessions' paced frames.
+            await asyncio.sleep(gate.delay)
+            await _handle(runner, transport, message)
+    except (WebSocketDisconnect, ConnectionError):
         pass
     except asyncio.CancelledError:
         if not transport.stalled:
             raise
         asyncio.current_task().uncancel()  # type: ignore[union-attr]
-        ended = ErrorCode.SLOW_CONSUMER
     except Exception:
         log.exception("session %s failed", core.session_id)
     finally:
         host.admission.release(WebSocketTransport.name)
         await runner.close()
+    if transport.stalled:
+        ended = ErrorCode.SLOW_CONSUMER
     if ended is not None:
         await _end(host, transport, ended)
 
 
-RATE_MESSAGE = "messages arrive faster than the session's limit; some were dropped"
+RATE_MESSAGE = "messages arrive faster than the session's limit; they are read more slowly"
 CLOSING = {
     ErrorCode.RATE_LIMITED: "sent over the message rate for too long",
     ErrorCode.SESSION_START_TIMEOUT: "no session.start in time",
