@@ -194,13 +194,15 @@ class GuardSection(Section):
     """Per-client protection (transport/guard.py); docs/security.md."""
 
     messages_per_s: float = setting(
-        200.0, "messages per second one connection may send, sustained", gt=0
+        200.0,
+        "messages per second read from one connection; faster ones are read at this rate",
+        gt=0,
     )
     message_burst: int = setting(
         400, "messages one connection may send at once above that rate", ge=1
     )
     flood_close_s: float = setting(
-        5.0, "seconds over the message rate before the connection is closed", gt=0
+        5.0, "seconds a connection may be held back at its rate without a pause, then closed", gt=0
     )
     start_timeout_s: float = setting(
         10.0, "seconds a socket may wait before session.start, then closed", gt=0
