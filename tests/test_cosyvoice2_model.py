@@ -146,33 +146,26 @@ def test_the_server_streams_a_cosyvoice2_voice(cv2_model):
     assert turn.frames and turn.event("turn.done")["timings"]["tokens"] > 0
 
 
-def test_voice_add_makes_a_voice_the_model_accepts(tmp_path, cv2_dir):
+def _voice_add(
+    tmp_path: Path, cv2_dir: Path, name: str
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """`voiceagent voice add NAME` on a copy of the model with (fake) frontend files."""
     copy = tmp_path / "m"
-    shutil.copytree(cv2_dir, copy)
-    write_fake_campplus(copy / "campplus.onnx")
-    write_fake_speech_tokenizer(copy / "speech_tokenizer_v2.onnx")
+    if not (copy / "config.json").exists():
+        shutil.copytree(cv2_dir, copy, dirs_exist_ok=True)
+        write_fake_campplus(copy / "campplus.onnx")
+        write_fake_speech_tokenizer(copy / "speech_tokenizer_v2.onnx")
     clip = tmp_path / "clip.wav"
     if not have_espeak():
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
     espeak_wav(clip, "Thanks for calling, how can I help?")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "voiceagent.cli",
-            "voice",
-            "add",
-            "caller",
-            str(clip),
-            "--text",
-            "Thanks for calling, how can I help?",
-            "--model",
-            str(copy),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cmd = [sys.executable, "-m", "voiceagent.cli", "voice", "add", name, str(clip)]
+    cmd += ["--text", "Thanks for calling, how can I help?", "--model", str(copy)]
+    return copy, subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_voice_add_makes_a_voice_the_model_accepts(tmp_path, cv2_dir):
+    copy, proc = _voice_add(tmp_path, cv2_dir, "caller")
     assert proc.returncode == 0, proc.stderr
     model = checkpoint.load(copy)
     from voiceagent.model.voice_store import load_voice
@@ -183,3 +176,16 @@ def test_voice_add_makes_a_voice_the_model_accepts(tmp_path, cv2_dir):
     assert voice.prompt_text_ids == tuple(
         model.tokenizer.encode("Thanks for calling, how can I help?")
     )
+
+
+def test_voice_add_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path, cv2_dir):
+    """The voice file is written next to its final name first; here that file is
+    /dev/full, so the kernel answers ENOSPC as a full disk does."""
+    voices = tmp_path / "m" / "voices"
+    voices.mkdir(parents=True)
+    (voices / "caller.tmp").symlink_to("/dev/full")
+    _, proc = _voice_add(tmp_path, cv2_dir, "caller")
+    assert proc.returncode == 2
+    assert "could not save voice 'caller': No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert sorted(p.name for p in voices.iterdir()) == []  # no .pt, no partial .tmp

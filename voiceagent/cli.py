@@ -163,7 +163,11 @@ def _voice_add(args: argparse.Namespace) -> int:
         return 2
     voice = Voice(name=args.name, **prompt)
     model.check_voice(voice)
-    path = save_voice(voices_dir(args), voice, args.text)
+    try:
+        path = save_voice(voices_dir(args), voice, args.text)
+    except OSError as exc:
+        print(f"error: could not save voice '{args.name}': {exc.strerror or exc}", file=sys.stderr)
+        return 2
     seconds = len(voice.prompt_tokens) / 25
     print(f"voice '{args.name}' saved to {path} ({seconds:.1f} s of prompt)")
     return 0

@@ -202,14 +202,17 @@ class EmbeddedLM:
         while self._waiting and self._free:
             req = self._waiting.pop(0)
             req.slot = self._free.pop()
-            self.metrics.lm_wait.observe(time.monotonic() - req.queued)
-            prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
-            logits = self.model.lm.forward_embeds(
-                prompt, self._pool, self._ids([req.slot]), self._ids([0])
-            )
-            req.length = prompt.shape[1]
             self._active.append(req)
-            self._emit(req, logits[0].float().cpu())
+            self.metrics.lm_wait.observe(time.monotonic() - req.queued)
+            try:
+                prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
+                logits = self.model.lm.forward_embeds(
+                    prompt, self._pool, self._ids([req.slot]), self._ids([0])
+                )
+                req.length = prompt.shape[1]
+                self._emit(req, logits[0].float().cpu())
+            except Exception as exc:  # this request's prefill: only it fails
+                self._fail(req, exc)
         self.metrics.lm_waiting.set(len(self._waiting))
 
     def _step(self) -> None:
@@ -220,6 +223,22 @@ class EmbeddedLM:
         self._all_paused = bool(self._active) and not reqs
         if not reqs:
             return
+        try:
+            self._decode(reqs)
+        except Exception:
+            if len(reqs) == 1:
+                raise
+            # Which request broke the batch? Each alone: a decode step only writes its
+            # own KV positions, so running one again is safe; the others carry on.
+            log.warning("an LM step of %d requests failed; running each alone", len(reqs))
+            for r in reqs:
+                try:
+                    self._decode([r])
+                except Exception as exc:
+                    self._fail(r, exc)
+
+    def _decode(self, reqs: list[_Request]) -> None:
+        """One decode step of `reqs`; a request whose sampling fails fails alone."""
         tokens = self._ids([r.produced[-1] for r in reqs])
         slots = self._ids([r.slot for r in reqs])
         start = self._ids([r.length for r in reqs])
@@ -230,12 +249,17 @@ class EmbeddedLM:
         self.metrics.lm_batch.observe(len(reqs))
         for r, row in zip(reqs, logits.float().cpu(), strict=True):
             r.length += 1
-            self._emit(r, row)
+            try:
+                self._emit(r, row)
+            except Exception as exc:
+                self._fail(r, exc)
 
     def _ids(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.model.device)
 
     def _emit(self, req: _Request, logits: torch.Tensor) -> None:
+        if torch.isnan(logits).any():
+            raise EngineError("the LM produced NaN logits")
         allow_stop = len(req.produced) >= req.min_len
         tok = sample_token(logits, req.params, req.gen, allow_stop, req.produced)
         if tok in STOP_TOKENS:
@@ -257,6 +281,12 @@ class EmbeddedLM:
             else:
                 keep.append(r)
         self._active = keep
+
+    def _fail(self, req: _Request, exc: Exception) -> None:
+        """End one request with an error; its slot is free again."""
+        log.error("LM request failed: %s", exc, exc_info=not isinstance(exc, EngineError))
+        req.stream.feed(exc if isinstance(exc, EngineError) else EngineError(f"LM failed: {exc}"))
+        self._release(lambda r: r is req)
 
     def _fail_all(self, exc: BaseException) -> None:
         for r in self._active + self._waiting:

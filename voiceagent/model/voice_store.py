@@ -6,7 +6,9 @@ command line is usable by name without a restart.
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -38,9 +40,20 @@ def save_voice(directory: Path, voice: Voice, prompt_text: str) -> Path:
         "prompt_mel": voice.prompt_mel,
         "embedding": voice.embedding,
     }
+    # Serialized first, then written with plain file I/O: a full disk is an OSError
+    # (ENOSPC) that names the problem, and the half-written file is removed.
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
     tmp = path.with_suffix(".tmp")
-    torch.save(data, tmp)
-    tmp.replace(path)  # readers never see a half-written file
+    try:
+        with tmp.open("wb") as f:
+            f.write(buffer.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)  # readers never see a half-written file
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

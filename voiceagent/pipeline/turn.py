@@ -19,7 +19,7 @@ from ..audio.format import MODEL_RATE
 from ..audio.framing import Framer
 from ..engine.acoustic import AcousticStream, ChunkResult
 from ..engine.embedded import EmbeddedEngine
-from ..engine.lm_engine import EngineUnavailable, TokenStream
+from ..engine.lm_engine import EngineError, EngineUnavailable, TokenStream
 from ..model.contract import PAD_TOKEN, Voice
 from ..model.sampling import SamplingParams
 from ..ops.logs import bind
@@ -192,6 +192,9 @@ class Turn:
         except EngineUnavailable as exc:
             log.warning("turn %s: %s", self.id, exc)
             await self.output.put(TurnFailed("engine_unavailable", str(exc)))
+        except EngineError as exc:  # the engine already said why (no traceback needed)
+            log.warning("turn %s: %s", self.id, exc)
+            await self.output.put(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
         except Exception as exc:
             log.exception("turn %s failed", self.id)
             await self.output.put(TurnFailed("synthesis_failed", f"synthesis failed: {exc}"))
@@ -243,6 +246,8 @@ class Turn:
     async def _chunk(self, tokens: list[int], final: bool) -> None:
         assert self._acoustic is not None
         result: ChunkResult = await self.engine.acoustic.synthesize(self._acoustic, tokens, final)
+        if not np.isfinite(result.pcm).all():  # a broken model must not reach a listener
+            raise EngineError("the acoustic model produced non-finite audio")
         self.stats.chunks += 1
         self.stats.audio_samples += len(result.pcm)
         self.stats.tokens = len(self.tokens)

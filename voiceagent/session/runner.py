@@ -130,6 +130,8 @@ class SessionRunner:
         return not self._turns and self._playing is None
 
     async def close(self) -> None:
+        if self._playing is not None:
+            self._playing[1].cancel()  # the turn being played (the player only awaits it)
         self._player.cancel()
         for task in self._waits:
             task.cancel()
