@@ -57,7 +57,7 @@ def run_bench(args: argparse.Namespace) -> int:
     elif args.scenario == "soak":
         from . import soak
 
-        opts = soak.Options(
+        soak_opts = soak.Options(
             cycles=args.cycles,
             minutes=args.minutes,
             sessions=int(args.sessions or 4),
@@ -65,7 +65,7 @@ def run_bench(args: argparse.Namespace) -> int:
             max_speech_s=args.max_speech_s or 1.5,
             max_ahead_ms=args.max_ahead_ms,
         )
-        report = soak.measure(args.model, opts, Path(args.out) if args.out else None)
+        report = soak.measure(args.model, soak_opts, Path(args.out) if args.out else None)
         text = soak.table(report)
         if args.json:
             print(f"soak output: {report['out']}", file=sys.stderr)

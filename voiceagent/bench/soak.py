@@ -236,7 +236,12 @@ async def sample(http: httpx.AsyncClient, base: str, t0: float, p: Progress) -> 
 
 
 async def sampler(
-    http: httpx.AsyncClient, base: str, t0: float, p: Progress, rows: list[dict[str, Any]], every: float
+    http: httpx.AsyncClient,
+    base: str,
+    t0: float,
+    p: Progress,
+    rows: list[dict[str, Any]],
+    every: float,
 ) -> None:
     while True:
         with contextlib.suppress(httpx.HTTPError):
