@@ -309,7 +309,7 @@ def plot(rows: list[dict[str, Any]], marks: dict[str, float], path: Path) -> Non
     import matplotlib.pyplot as plt
 
     panels = (
-        ("rss_mb", "RSS (MB)"),
+        ("rss_mb", "RSS (MiB)"),
         ("fds", "open fds"),
         ("threads", "threads"),
         ("tasks", "asyncio tasks"),
