@@ -32,7 +32,7 @@ from prometheus_client import metrics as client_metrics
 
 from voiceagent.bench.clients import Client, connect
 from voiceagent.model.speech_model import SpeechModel
-from voiceagent.ops.metrics import TTFA_BUCKETS, GpuMemory
+from voiceagent.ops.metrics import TTFA_BUCKETS, GpuMemory, Runtime
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
 
@@ -319,6 +319,31 @@ def gpu_family(monkeypatch: pytest.MonkeyPatch) -> tuple[str, str, set[str]]:
     return family.name, family.type, labels
 
 
+def runtime_families() -> dict[str, set[str]]:
+    """name -> label names of what Runtime exports, collected on an event loop's thread
+    (as /metrics is) so that the asyncio task gauge is there."""
+
+    async def collect() -> list[Any]:
+        return list(Runtime().collect())
+
+    return {f.name: {n for s in f.samples for n in s.labels} for f in asyncio.run(collect())}
+
+
+def test_runtime_gauges_count_threads_and_tasks_and_skip_tasks_off_the_loop() -> None:
+    async def on_loop() -> dict[str, float]:
+        extra = [asyncio.create_task(asyncio.sleep(1)) for _ in range(3)]
+        values = {f.name: f.samples[0].value for f in Runtime().collect()}
+        for task in extra:
+            task.cancel()
+        return values
+
+    values = asyncio.run(on_loop())
+    assert values["voiceagent_asyncio_tasks"] == 4  # the three, and on_loop itself
+    assert values["voiceagent_threads"] >= 1
+    off_loop = [f.name for f in Runtime().collect()]  # no running loop here: no task gauge
+    assert off_loop == ["voiceagent_threads"]
+
+
 def test_the_metrics_table_lists_exactly_what_the_server_exposes(
     server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -352,7 +377,7 @@ def test_the_metrics_table_lists_exactly_what_the_server_exposes(
     assert set(table["process_*"].type.split(", ")) == set(process.values())
 
     # labels: each metric's label names, as the code declares them
-    declared: dict[str, set[str]] = {gpu_name: gpu_labels}
+    declared: dict[str, set[str]] = {gpu_name: gpu_labels, **runtime_families()}
     for metric in vars(server.engine.metrics).values():
         if isinstance(metric, client_metrics.MetricWrapperBase):
             suffix = {"counter": "_total", "info": "_info"}.get(metric._type, "")

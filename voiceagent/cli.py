@@ -234,18 +234,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "telephony", "flood", "cutoff", "chunk-cost"],
+        choices=["ws", "webrtc", "telephony", "flood", "cutoff", "chunk-cost", "soak"],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
         "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; flood: another "
         "session's TTFA and late frames while clients flood the server; cutoff: "
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
-        "1 vs 20",
+        "1 vs 20; soak: server memory, fds, threads and tasks over many sessions",
     )
     s.add_argument("--model")
     s.add_argument(
         "--sessions",
-        help="concurrency levels (ws: 1,8; webrtc, telephony: 1,2,4,8,12,16)",
+        help="concurrency levels (ws: 1,8; webrtc, telephony: 1,2,4,8,12,16); soak: "
+        "WebSocket sessions at once in the mixed load (4)",
     )
     s.add_argument("--turns", type=int, default=3, help="turns per session (telephony: per call)")
     s.add_argument("--repeats", type=int, default=1, help="chunk-cost: runs (median taken)")
@@ -263,6 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--max-ahead-ms", type=int, default=5000, help="webrtc, telephony, cutoff: as in serve"
     )
+    s.add_argument("--cycles", type=int, default=10000, help="soak: sessions opened and closed")
+    s.add_argument("--minutes", type=float, default=30.0, help="soak: minutes of mixed load")
+    s.add_argument(
+        "--webrtc-sessions", type=int, default=1, help="soak: WebRTC peers in the mixed load"
+    )
+    s.add_argument("--out", help="soak: folder for samples.csv, soak.png, summary.json")
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 

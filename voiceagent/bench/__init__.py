@@ -5,6 +5,7 @@ webrtc.py   --scenario webrtc: real-time sessions and barge-in latency over WebR
 telephony.py --scenario telephony: simulated Twilio calls with bots, barge-in, CPU
 flood.py    --scenario flood: another session's TTFA and late frames during a flood
 cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
+soak.py     --scenario soak: server RSS, fds, threads, tasks over many sessions and hours
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
 clients.py  WebSocket client, aiortc peer, paced microphone track
 clips.py    speech to send: espeak-ng, a synthetic vowel
@@ -59,6 +60,21 @@ def run_bench(args: argparse.Namespace) -> int:
 
         report = flood.measure(args.model, turns=args.turns)
         text = flood.table(report)
+    elif args.scenario == "soak":
+        from . import soak
+
+        soak_opts = soak.Options(
+            cycles=args.cycles,
+            minutes=args.minutes,
+            sessions=int(args.sessions or 4),
+            webrtc_sessions=args.webrtc_sessions,
+            max_speech_s=args.max_speech_s or 1.5,
+            max_ahead_ms=args.max_ahead_ms,
+        )
+        report = soak.measure(args.model, soak_opts, Path(args.out) if args.out else None)
+        text = soak.table(report)
+        if args.json:
+            print(f"soak output: {report['out']}", file=sys.stderr)
     elif args.scenario == "webrtc":
         from . import webrtc
 

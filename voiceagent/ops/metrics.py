@@ -8,6 +8,8 @@ operator counts is exactly what clients were told.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -72,6 +74,27 @@ class GpuMemory(Collector):
         return [family]
 
 
+class Runtime(Collector):
+    """Threads alive in the process, and tasks of the event loop /metrics is served on.
+
+    The task count needs the loop's thread: asyncio.all_tasks() is not thread-safe and
+    another thread has no running loop; collected from elsewhere (a test, a scrape thread)
+    the family is simply left out, as with the GPU gauge on a CPU machine."""
+
+    def collect(self) -> Iterable[Metric]:
+        threads = GaugeMetricFamily("voiceagent_threads", "Threads alive in the process")
+        threads.add_metric([], threading.active_count())
+        try:
+            tasks = len(asyncio.all_tasks())  # raises RuntimeError without a running loop
+        except RuntimeError:
+            return [threads]
+        family = GaugeMetricFamily(
+            "voiceagent_asyncio_tasks", "Unfinished asyncio tasks of the server's event loop"
+        )
+        family.add_metric([], tasks)
+        return [threads, family]
+
+
 class Metrics:
     """Every metric voiceagent exports. Thread-safe (the LM and acoustic threads write)."""
 
@@ -79,6 +102,7 @@ class Metrics:
         r = self.registry = registry or CollectorRegistry()
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds
         r.register(GpuMemory())
+        r.register(Runtime())
         self.info = Info("voiceagent", "Model and engine this server runs", registry=r)
 
         # sessions and admission

@@ -130,9 +130,13 @@ class SessionRunner:
         return not self._turns and self._playing is None
 
     async def close(self) -> None:
-        if self._playing is not None:
-            self._playing[1].cancel()  # the turn being played (the player only awaits it)
         self._player.cancel()
+        # Cancelling the player does not cancel the turn it awaits (asyncio.wait never
+        # does): left alone, that task would wait for frames forever, holding its turn and
+        # this runner until the garbage collector destroyed it, still pending.
+        playing = None if self._playing is None else self._playing[1]
+        if playing is not None:
+            playing.cancel()
         for task in self._waits:
             task.cancel()
         for turn in self._turns.values():
@@ -146,6 +150,8 @@ class SessionRunner:
             self.admission.runners.discard(self)
         with contextlib.suppress(asyncio.CancelledError):
             await self._player
+        if playing is not None:
+            await asyncio.wait({playing})
 
     # -- actions --------------------------------------------------------------------------
 
