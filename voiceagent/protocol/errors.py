@@ -23,6 +23,10 @@ class ErrorCode(StrEnum):
     TOO_MANY_SESSIONS = "too_many_sessions"
     SERVER_BUSY = "server_busy"  # the server's live-turn limit: this turn is refused
     SERVER_DRAINING = "server_draining"  # shutting down: connect to another server
+    # authentication and tenants (docs/security.md)
+    UNAUTHORIZED = "unauthorized"  # no credential, or a wrong, revoked or expired one
+    FORBIDDEN = "forbidden"  # a valid credential used outside its scope
+    QUOTA_EXCEEDED = "quota_exceeded"  # the tenant's quota: sessions, turns or characters
     # telephony (docs/telephony.md)
     UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
     CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call

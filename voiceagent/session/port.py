@@ -14,6 +14,7 @@ from ..protocol.messages import Format
 from ..protocol.session import Catalog, Limits, SendAudio
 
 if TYPE_CHECKING:
+    from ..auth.gate import Principal
     from ..engine.embedded import EmbeddedEngine
     from .admission import Admission
     from .playout import PlayoutConfig
@@ -74,3 +75,6 @@ class SessionHost(Protocol):
     @property
     def admission(self) -> Admission:
         """Session and turn slots, and the drain (admit / release a session there)."""
+
+    def catalog_for(self, principal: Principal) -> Catalog:
+        """What a session of `principal` may use: the shared voices and its tenant's."""

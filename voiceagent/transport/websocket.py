@@ -14,6 +14,7 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..audio.format import MULAW_RATE
+from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.frames import AudioFrame, pack
 from ..protocol.messages import Format
@@ -89,13 +90,19 @@ class WebSocketTransport(Transport):
 async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     """One WebSocket session, from accept to close."""
     await ws.accept()
-    refusal = host.admission.admit(WebSocketTransport.name)
+    who = principal_of(ws)  # the credential was checked before the upgrade (auth/gate.py)
+    refusal = host.admission.admit(WebSocketTransport.name, who.tenant)
     if refusal is not None:
         host.engine.metrics.errors.labels(str(refusal.code)).inc()
         await ws.send_text(json.dumps(error_event(refusal.code, refusal.message)))
         await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
         return
-    core = SessionCore(uuid.uuid4().hex[:16], host.catalog, host.limits)
+    core = SessionCore(
+        uuid.uuid4().hex[:16],
+        host.catalog_for(who),
+        host.limits,
+        budget=host.admission.tenant(who.tenant),
+    )
     transport = WebSocketTransport(ws, core)
     runner = SessionRunner(core, host.engine, transport, host.playout, host.admission)
     try:
@@ -115,7 +122,7 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     except Exception:
         log.exception("session %s failed", core.session_id)
     finally:
-        host.admission.release(WebSocketTransport.name)
+        host.admission.release(WebSocketTransport.name, who.tenant)
         await runner.close()
 
 
