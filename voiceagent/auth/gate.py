@@ -150,23 +150,34 @@ def need(path: str, gate: Gate, twilio_signed: bool) -> Need:
     return "nothing"
 
 
+def query_names(path: str) -> tuple[str, ...]:
+    """The query parameters a credential may come in: `access_token` (RFC 6750's name)
+    anywhere, and `token` too except on a carrier's stream, whose `token` is the call's
+    (the one its bot attaches with)."""
+    if path.startswith("/v1/telephony/"):
+        return ("access_token",)
+    return ("access_token", "token")
+
+
 def credential_of(scope: Scope) -> str | None:
     for name, value in scope.get("headers", []):
         if name == b"authorization":
             kind, _, credential = value.decode("latin-1").partition(" ")
             if kind.lower() == "bearer" and credential.strip():
                 return credential.strip()
+    names = query_names(scope["path"])
     for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
-        if name == "token":
+        if name in names:
             return value
     return None
 
 
-def _without_token(query: bytes) -> bytes:
-    """The query string less `token`: a credential must not reach logs, call parameters
-    or a bot."""
+def _without_credential(path: str, query: bytes) -> bytes:
+    """The query string less the credential: it must not reach logs, call parameters or
+    a bot."""
+    names = query_names(path)
     pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True)
-    return urlencode([(k, v) for k, v in pairs if k != "token"]).encode("latin-1")
+    return urlencode([(k, v) for k, v in pairs if k not in names]).encode("latin-1")
 
 
 class AuthMiddleware:
@@ -192,7 +203,7 @@ class AuthMiddleware:
         scope = {
             **scope,
             SCOPE_KEY: found,
-            "query_string": _without_token(scope.get("query_string", b"")),
+            "query_string": _without_credential(scope["path"], scope.get("query_string", b"")),
         }
         await self.app(scope, receive, send)
 

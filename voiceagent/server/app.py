@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -195,7 +196,13 @@ class VoiceServer:
         return [p for p in files if self._voice_files.get(p) != p.stat().st_mtime]
 
     def rescan_voices(self) -> None:
-        """Pick up voices added (or replaced) in `voices_dir` since the last look."""
+        """Pick up voices added (or replaced) in `voices_dir` since the last look, and
+        forget those whose file was deleted."""
+        for path in [p for p in self._voice_files if not p.exists()]:
+            del self._voice_files[path]
+            key = self._voice_key(path)
+            if self.engine.model.voices.pop(key, None) is not None:
+                log.info("voice '%s' removed (%s was deleted)", key, path)
         for path in self._changed_voice_files():
             self._voice_files[path] = path.stat().st_mtime
             try:
@@ -204,16 +211,20 @@ class VoiceServer:
             except Exception as exc:
                 log.warning("voice file %s is not usable with this model: %s", path, exc)
                 continue
-            assert self.config.voices_dir is not None
-            shared = path.parent == self.config.voices_dir
-            key = voice.name if shared else f"{path.parent.name}/{voice.name}"
-            self.engine.model.voices[key] = voice
+            key = self._voice_key(path)
+            # the engine caches per voice name: a tenant's voice is named by its key
+            self.engine.model.voices[key] = dataclasses.replace(voice, name=key)
             log.info("voice '%s' loaded from %s", key, path)
         self.catalog.voices = tuple(v for v in self.engine.model.voices if "/" not in v)
         if not self.catalog.default_voice and self.catalog.voices:
             self.catalog.default_voice = self.catalog.voices[0]
         for (tenant, scope), catalog in self._catalogs.items():
             self._fill(catalog, tenant, scope)
+
+    def _voice_key(self, path: Path) -> str:
+        """`voices_dir/anna.pt` is the shared "anna"; `voices_dir/acme/anna.pt` is "acme/anna"."""
+        shared = path.parent == self.config.voices_dir
+        return path.stem if shared else f"{path.parent.name}/{path.stem}"
 
     def catalog_for(self, principal: Principal) -> Catalog:
         """The shared voices and the tenant's own (a voice-scoped token: that one only);
