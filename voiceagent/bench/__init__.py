@@ -5,6 +5,7 @@ webrtc.py   --scenario webrtc: real-time sessions and barge-in latency over WebR
 telephony.py --scenario telephony: simulated Twilio calls with bots, barge-in, CPU
 cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
+tenants.py  --scenario tenants: one tenant's TTFA while another floods up to its quotas
 clients.py  WebSocket client, aiortc peer, paced microphone track
 clips.py    speech to send: espeak-ng, a synthetic vowel
 """
@@ -53,6 +54,11 @@ def run_bench(args: argparse.Namespace) -> int:
             max_ahead_ms=args.max_ahead_ms,
         )
         text = telephony.table(report)
+    elif args.scenario == "tenants":
+        from . import tenants
+
+        report = tenants.measure(load_model(args.model, args.device), turns=args.turns)
+        text = tenants.table(report)
     elif args.scenario == "webrtc":
         from . import webrtc
 
