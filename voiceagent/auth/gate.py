@@ -55,7 +55,14 @@ def auth_enabled(mode: Mode, host: str) -> bool:
 
 
 def exposure_warning(config: AuthConfig, host: str) -> str | None:
-    """The warning to log at start when anyone who reaches the port may use it."""
+    """The warning to log at start when anyone who reaches the port may use it, or when
+    auth is on with no way to get a credential."""
+    if auth_enabled(config.mode, host) and config.keys_file is None and not config.token_secret:
+        return (
+            f"authentication is on ({host} is not loopback, or auth.mode = \"on\") but "
+            "neither auth.keys_file nor auth.token_secret is set: every /v1/ entry will "
+            "answer 401 (see docs/security.md)"
+        )
     if config.mode == "off" and not is_loopback(host):
         return (
             f"AUTHENTICATION IS OFF on {host}, which is not a loopback address: anyone who "
