@@ -59,7 +59,7 @@ def exposure_warning(config: AuthConfig, host: str) -> str | None:
     auth is on with no way to get a credential."""
     if auth_enabled(config.mode, host) and config.keys_file is None and not config.token_secret:
         return (
-            f"authentication is on ({host} is not loopback, or auth.mode = \"on\") but "
+            f'authentication is on ({host} is not loopback, or auth.mode = "on") but '
             "neither auth.keys_file nor auth.token_secret is set: every /v1/ entry will "
             "answer 401 (see docs/security.md)"
         )
