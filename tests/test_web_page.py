@@ -318,3 +318,29 @@ def test_in_duck_mode_speaking_lowers_the_bot_and_the_turn_plays_on(demo: Demo) 
     assert "ducked" in demo.page.inner_text("#barge")
     turn = s["turns"][index]
     assert turn["status"] in ("playing", "done"), turn  # not cancelled
+
+
+# -- with authentication on ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("transport", ["webrtc", "ws"])
+def test_a_demo_link_with_a_token_connects_when_auth_is_on(
+    browser: Any, make_server: Any, tmp_path: Path, transport: str
+) -> None:
+    from voiceagent.auth import tokens
+    from voiceagent.auth.gate import AuthConfig
+
+    secret = "demo-secret"
+    server = make_server(auth=AuthConfig("on", tmp_path / "keys.toml", secret))
+    assert httpx.get(server.http + "/v1/voices").status_code == 401
+    context = browser.new_context()
+    try:
+        d = Demo(context.new_page(), server)
+        token = tokens.mint(secret.encode(), "demo", 300)
+        open_demo(d.page, server.http, transport, token=token)
+        assert d.state()["transport"] == ("WebRTC" if transport == "webrtc" else "WebSocket")
+        assert d.state()["fallback"] is None
+        check_speaks(d, transport)
+        assert not d.page_errors
+    finally:
+        context.close()

@@ -76,10 +76,17 @@ def state(page: Any) -> dict[str, Any]:
 
 
 def open_demo(
-    page: Any, base_url: str, transport: str | None = None, timeout_ms: int = 20000
+    page: Any,
+    base_url: str,
+    transport: str | None = None,
+    timeout_ms: int = 20000,
+    token: str | None = None,
 ) -> None:
-    """Load the page and wait until its session has started."""
-    url = base_url + "/" + (f"?transport={transport}" if transport else "")
+    """Load the page (with a session `token` in its URL, as a demo link has it) and wait
+    until its session has started."""
+    query = {"transport": transport, "token": token}
+    pairs = "&".join(f"{k}={v}" for k, v in query.items() if v)
+    url = base_url + "/" + (f"?{pairs}" if pairs else "")
     page.goto(url)
     page.wait_for_function(
         "() => window.voiceagentDemo && window.voiceagentDemo.state().sessionStarted",

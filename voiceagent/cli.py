@@ -12,6 +12,7 @@ import numpy as np
 
 from . import config
 from .audio.format import MODEL_RATE
+from .auth.commands import add_commands as add_auth_commands
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
 from .ops.logs import LEVELS, configure_logging
@@ -134,12 +135,15 @@ def voices_dir(args: argparse.Namespace) -> Path:
 
 
 def _voice_add(args: argparse.Namespace) -> int:
+    from .auth.keys import check_tenant
     from .model.contract import Voice
     from .model.cosyvoice2.prompt_frontend import PromptFrontend
     from .model.voice_store import check_name, save_voice
 
     try:
         check_name(args.name)
+        if args.tenant:
+            check_tenant(args.tenant)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -163,8 +167,9 @@ def _voice_add(args: argparse.Namespace) -> int:
         return 2
     voice = Voice(name=args.name, **prompt)
     model.check_voice(voice)
+    folder = voices_dir(args) / args.tenant if args.tenant else voices_dir(args)
     try:
-        path = save_voice(voices_dir(args), voice, args.text)
+        path = save_voice(folder, voice, args.text)
     except OSError as exc:
         print(f"error: could not save voice '{args.name}': {exc.strerror or exc}", file=sys.stderr)
         return 2
@@ -234,13 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "telephony", "flood", "cutoff", "chunk-cost", "soak"],
+        choices=["ws", "webrtc", "telephony", "flood", "cutoff", "chunk-cost", "soak", "tenants"],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
         "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; flood: another "
         "session's TTFA and late frames while clients flood the server; cutoff: "
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
-        "1 vs 20; soak: server memory, fds, threads and tasks over many sessions",
+        "1 vs 20; soak: server memory, fds, threads and tasks over many sessions; tenants: "
+        "one tenant's TTFA while another floods up to its quotas",
     )
     s.add_argument("--model")
     s.add_argument(
@@ -281,7 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--text", required=True, help="what is said in the clip")
     s.add_argument("--model", help="the model directory the voice is for")
     s.add_argument("--voices", help="folder of added voices (default: MODEL/voices)")
+
+    s.add_argument("--tenant", help="the tenant whose voice it is (default: shared by all)")
     s.set_defaults(func=_voice_add)
+
+    add_auth_commands(sub)
 
     s = sub.add_parser("make-tiny", help="write a random-weight tiny checkpoint directory")
     s.add_argument("directory")

@@ -70,9 +70,12 @@ export class RtcTransport {
     await waitFor(() => pc.iceGatheringState === "complete", pc, "icegatheringstatechange", 5000, "ICE gathering did not finish").catch(
       () => {}, // send what was gathered so far
     );
+    const headers = { "content-type": "application/json" };
+    const token = new URLSearchParams(location.search).get("token"); // auth on: docs/security.md
+    if (token) headers.authorization = `Bearer ${token}`;
     const response = await fetch("/v1/webrtc/offer", {
       method: "POST",
-      headers: { "content-type": "application/json" },
+      headers,
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
     });
     let answer = null;

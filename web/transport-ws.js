@@ -81,7 +81,11 @@ export class WsTransport {
     this.player.port.onmessage = (e) => this.onPlayer(e.data);
 
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    const ws = (this.ws = new WebSocket(`${scheme}://${location.host}/v1/ws`));
+    // With authentication on, the page's URL carries a session token (?token=, see
+    // docs/security.md); a browser's WebSocket cannot set headers, so it goes in the URL.
+    const token = new URLSearchParams(location.search).get("token");
+    const query = token ? `?token=${encodeURIComponent(token)}` : "";
+    const ws = (this.ws = new WebSocket(`${scheme}://${location.host}/v1/ws${query}`));
     ws.binaryType = "arraybuffer";
     this.hooks.onState("connecting");
     await new Promise((resolve, reject) => {

@@ -7,6 +7,7 @@ flood.py    --scenario flood: another session's TTFA and late frames during a fl
 cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
 soak.py     --scenario soak: server RSS, fds, threads, tasks over many sessions and hours
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
+tenants.py  --scenario tenants: one tenant's TTFA while another floods up to its quotas
 clients.py  WebSocket client, aiortc peer, paced microphone track
 clips.py    speech to send: espeak-ng, a synthetic vowel
 """
@@ -75,6 +76,11 @@ def run_bench(args: argparse.Namespace) -> int:
         text = soak.table(report)
         if args.json:
             print(f"soak output: {report['out']}", file=sys.stderr)
+    elif args.scenario == "tenants":
+        from . import tenants
+
+        report = tenants.measure(load_model(args.model, args.device), turns=args.turns)
+        text = tenants.table(report)
     elif args.scenario == "webrtc":
         from . import webrtc
 

@@ -102,9 +102,11 @@ class Client:
         return await self.turn()
 
 
-def connect(url: str) -> Any:
-    """`async with connect(url) as ws:`, without a message size limit."""
-    return websockets.connect(url, max_size=None)
+def connect(url: str, credential: str | None = None) -> Any:
+    """`async with connect(url) as ws:`, without a message size limit; `credential` (an
+    API key or a session token) goes in the handshake's Authorization header."""
+    headers = {"Authorization": f"Bearer {credential}"} if credential else None
+    return websockets.connect(url, max_size=None, additional_headers=headers)
 
 
 # -- WebRTC -----------------------------------------------------------------------------
@@ -201,6 +203,7 @@ async def open_peer(
     prefetch: int | None = None,
     offer_timeout: float = 10,
     open_timeout: float = 10,
+    credential: str | None = None,
 ) -> Peer:
     """A peer connected to the server at `base` (http://host:port) with its data channel
     open. Without `mic` the audio is receive-only. `prefetch`: frames the receiver's
@@ -242,6 +245,7 @@ async def open_peer(
             base + "/v1/webrtc/offer",
             json={"sdp": pc.localDescription.sdp, "type": "offer"},
             timeout=offer_timeout,
+            headers={"Authorization": f"Bearer {credential}"} if credential else None,
         )
     if r.status_code != 200:
         raise RuntimeError(f"offer refused: {r.status_code} {r.text}")

@@ -143,7 +143,7 @@ def _problem(where: Path_, message: str, values: Layer) -> str:
     name = ".".join(where)
     if where in values:
         value, source = values[where]
-        shown = MASK if where[-1] == "twilio_auth_token" else value
+        shown = MASK if where[-1] in ("twilio_auth_token", "token_secret") else value
         return f"{name} = {toml_value(shown)} ({_from(source)}): {message}"
     # a whole section: its keys all came from one place, name the first
     sources = [s for p, (_, s) in values.items() if p[: len(where)] == where]

@@ -221,6 +221,22 @@ class GuardSection(Section):
     )
 
 
+class AuthSection(Section):
+    mode: Literal["auto", "on", "off"] = setting(
+        "auto", "auto (on unless server.host is loopback), on or off", "--auth"
+    )
+    keys_file: str = setting(
+        "", "API keys and tenants' quotas, TOML (re-read when it changes)", "--keys-file"
+    )
+    token_secret: SecretStr = setting(
+        SecretStr(""), "HMAC secret of session tokens (empty: random per process)"
+    )
+    token_ttl_s: int = setting(3600, "longest life of a session token, in seconds", ge=1)
+    metrics: Literal["open", "required"] = setting(
+        "open", "/metrics: open, or required (a credential, like /v1/)"
+    )
+
+
 class LogSection(Section):
     level: Literal["debug", "info", "warning", "error"] = setting(
         "info", "debug, info, warning or error", "--log-level"
@@ -244,6 +260,7 @@ class Settings(BaseSettings):
     engine: EngineSection = EngineSection()
     telephony: TelephonySection = TelephonySection()
     guard: GuardSection = GuardSection()
+    auth: AuthSection = AuthSection()
     log: LogSection = LogSection()
 
     @classmethod
@@ -265,6 +282,7 @@ class Settings(BaseSettings):
     def server_config(self) -> ServerConfig:
         """The server's runtime configuration (the engine is built by the caller)."""
         from ..audio.format import FRAME_MS
+        from ..auth.gate import AuthConfig
         from ..pipeline.turn import ChunkSchedule
         from ..protocol.session import Limits
         from ..server.app import DEFAULT_WEB_DIR, ServerConfig
@@ -301,6 +319,13 @@ class Settings(BaseSettings):
             ),
             guard=GuardConfig(**self.guard.model_dump()),
             web_dir=Path(server.web) if server.web else DEFAULT_WEB_DIR,
+            auth=AuthConfig(
+                mode=self.auth.mode,
+                keys_file=Path(self.auth.keys_file) if self.auth.keys_file else None,
+                token_secret=self.auth.token_secret.get_secret_value(),
+                token_ttl_s=self.auth.token_ttl_s,
+                metrics=self.auth.metrics,
+            ),
         )
 
 

@@ -28,6 +28,10 @@ class ErrorCode(StrEnum):
     SESSION_START_TIMEOUT = "session_start_timeout"  # no session.start in time: closed
     IDLE_TIMEOUT = "idle_timeout"  # no message and no live turn for too long: closed
     SLOW_CONSUMER = "slow_consumer"  # the client stopped reading (never sent: it can't be)
+    # authentication and tenants (docs/security.md)
+    UNAUTHORIZED = "unauthorized"  # no credential, or a wrong, revoked or expired one
+    FORBIDDEN = "forbidden"  # a valid credential used outside its scope
+    QUOTA_EXCEEDED = "quota_exceeded"  # the tenant's quota: sessions, turns or characters
     # telephony (docs/telephony.md)
     UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
     CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call

@@ -13,7 +13,7 @@ to learn how much the listener heard) -> cancelled. Turns play one after another
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from ..audio.format import FRAME_MS
 from .actions import (
@@ -61,6 +61,19 @@ class Catalog:
     voices: tuple[str, ...]
     model: dict[str, Any]
     default_voice: str
+    tenant: str = "default"  # whose sessions these are (their quotas, their voices)
+    # The model's name for a voice, where it differs (a tenant's "anna" is "acme/anna")
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def voice_key(self, name: str) -> str:
+        return self.keys.get(name, name)
+
+
+class TextBudget(Protocol):
+    """A tenant's characters per minute (session/quota.py)."""
+
+    def take_chars(self, n: int) -> str | None:
+        """Spend `n` characters, or refuse them all with a reason."""
 
 
 # Loudness of this many frames goes out in one `audio.levels` event (100 ms at 20 ms).
@@ -94,6 +107,7 @@ class SessionCore:
     # The transport carries only this format (WebRTC's track): a client's `format` is
     # replaced by it.
     pinned_format: Format | None = None
+    budget: TextBudget | None = None  # the tenant's quota of characters (None: no quota)
     settings: Settings | None = None  # None until session.start
     _turns: dict[int, _Turn] = field(default_factory=dict)  # live turns by number
     _stopping: dict[int, _Turn] = field(default_factory=dict)  # cancelled, heard unknown
@@ -248,6 +262,7 @@ class SessionCore:
                     ErrorCode.TEXT_TOO_LONG,
                     f"turn text would exceed {self.limits.max_text_chars} characters",
                 )
+            self._spend(len(cmd.text))
             turn = current
         turn.chars += len(cmd.text)
         actions.append(AppendText(turn.num, cmd.text))
@@ -279,6 +294,12 @@ class SessionCore:
                 ErrorCode.TEXT_TOO_LONG,
                 f"turn text would exceed {self.limits.max_text_chars} characters",
             )
+        self._spend(len(cmd.text))  # last: nothing is spent on text refused for another reason
+
+    def _spend(self, chars: int) -> None:
+        refused = self.budget.take_chars(chars) if self.budget is not None else None
+        if refused is not None:
+            raise ProtocolError(ErrorCode.QUOTA_EXCEEDED, f"{refused}; this text was not spoken")
 
     def _open_turn(self, cmd: TextDelta, actions: list[Action]) -> _Turn:
         assert self.settings is not None

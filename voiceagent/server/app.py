@@ -4,19 +4,23 @@ GET  /healthz      the process is alive
 GET  /readyz       ready for new sessions (model, LM engine, not draining, below limits)
 GET  /metrics      Prometheus metrics
 GET  /health       readiness and load, as JSON (older; /readyz is for probes)
-GET  /v1/voices    voices of the loaded model
+GET  /v1/voices    voices of the loaded model (shared, and the caller's tenant's)
+POST /v1/tokens    a short-lived session token for a browser (with an API key)
 WS   /v1/ws        sessions (docs/protocol.md)
 POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webrtc.py)
 WS   /v1/telephony/{twilio,telnyx,vonage}  phone calls' media streams (docs/telephony.md)
 WS   /v1/telephony/asterisk  Asterisk's WebSocket channel (and AudioSocket on its TCP port)
 WS   /v1/calls     a bot attaches to a call and drives it
 GET  /             the browser demo (web/), when that folder exists
+
+Every /v1/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,12 +30,22 @@ from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
+from ..auth.endpoint import mint_token
+from ..auth.gate import (
+    AuthConfig,
+    AuthMiddleware,
+    Gate,
+    Principal,
+    exposure_warning,
+    principal_of,
+)
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
@@ -74,6 +88,7 @@ class ServerConfig:
     telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
     web_dir: Path | None = DEFAULT_WEB_DIR  # served at / (None: no page)
+    auth: AuthConfig = field(default_factory=AuthConfig)
 
 
 class VoiceServer:
@@ -81,7 +96,16 @@ class VoiceServer:
         self.engine = engine
         self.config = config
         self.metrics = engine.metrics
-        self.admission = Admission(config.max_sessions, config.max_live_turns, self.metrics)
+        self.gate = Gate(config.auth, config.host)
+        warning = exposure_warning(config.auth, config.host)
+        if warning is not None:
+            log.warning(warning)
+        self.admission = Admission(
+            config.max_sessions,
+            config.max_live_turns,
+            self.metrics,
+            quota=lambda tenant: self.gate.keys.refresh().quota(tenant),
+        )
         self.calls = CallRegistry()
         self.connections = ConnectionGate(config.guard)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
@@ -97,6 +121,7 @@ class VoiceServer:
             default_voice=next(iter(model.voices), ""),
         )
         self._voice_files: dict[Path, float] = {}
+        self._catalogs: dict[tuple[str, str | None], Catalog] = {}
         self.rescan_voices()
         self.webrtc = WebRtcGateway(self, config.webrtc)
         routes: list[BaseRoute] = [
@@ -105,6 +130,7 @@ class VoiceServer:
             Route("/metrics", self.metrics_page),
             Route("/health", self.health),
             Route("/v1/voices", self.voices),
+            Route("/v1/tokens", self.tokens, methods=["POST"]),
             WebSocketRoute("/v1/ws", self._websocket),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
             WebSocketRoute("/v1/calls", self._bot),
@@ -119,7 +145,9 @@ class VoiceServer:
             routes.append(Mount("/", StaticFiles(directory=web, html=True), name="web"))
         elif web is not None:
             log.info("no demo page at / (%s has no index.html; see serve --web)", web)
-        self.app = Starlette(routes=routes, lifespan=self._lifespan)
+        twilio_signed = bool(config.telephony.twilio_auth_token)
+        guard = Middleware(AuthMiddleware, gate=self.gate, twilio_signed=twilio_signed)
+        self.app = Starlette(routes=routes, lifespan=self._lifespan, middleware=[guard])
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -162,13 +190,22 @@ class VoiceServer:
                 log.exception("rescanning voices failed")
 
     def _changed_voice_files(self) -> list[Path]:
+        """Voice files new or changed since the last look: `voices_dir/NAME.pt` are shared
+        by every tenant, `voices_dir/TENANT/NAME.pt` are that tenant's alone."""
         folder = self.config.voices_dir
         if folder is None or not folder.is_dir():
             return []
-        return [p for p in folder.glob("*.pt") if self._voice_files.get(p) != p.stat().st_mtime]
+        files = [*folder.glob("*.pt"), *folder.glob("*/*.pt")]
+        return [p for p in files if self._voice_files.get(p) != p.stat().st_mtime]
 
     def rescan_voices(self) -> None:
-        """Pick up voices added (or replaced) in `voices_dir` since the last look."""
+        """Pick up voices added (or replaced) in `voices_dir` since the last look, and
+        forget those whose file was deleted."""
+        for path in [p for p in self._voice_files if not p.exists()]:
+            del self._voice_files[path]
+            key = self._voice_key(path)
+            if self.engine.model.voices.pop(key, None) is not None:
+                log.info("voice '%s' removed (%s was deleted)", key, path)
         for path in self._changed_voice_files():
             self._voice_files[path] = path.stat().st_mtime
             try:
@@ -177,11 +214,42 @@ class VoiceServer:
             except Exception as exc:
                 log.warning("voice file %s is not usable with this model: %s", path, exc)
                 continue
-            self.engine.model.voices[voice.name] = voice
-            log.info("voice '%s' loaded from %s", voice.name, path)
-        self.catalog.voices = tuple(self.engine.model.voices)
+            key = self._voice_key(path)
+            # the engine caches per voice name: a tenant's voice is named by its key
+            self.engine.model.voices[key] = dataclasses.replace(voice, name=key)
+            log.info("voice '%s' loaded from %s", key, path)
+        self.catalog.voices = tuple(v for v in self.engine.model.voices if "/" not in v)
         if not self.catalog.default_voice and self.catalog.voices:
             self.catalog.default_voice = self.catalog.voices[0]
+        for (tenant, scope), catalog in self._catalogs.items():
+            self._fill(catalog, tenant, scope)
+
+    def _voice_key(self, path: Path) -> str:
+        """`voices_dir/anna.pt` is the shared "anna"; `voices_dir/acme/anna.pt` is "acme/anna"."""
+        shared = path.parent == self.config.voices_dir
+        return path.stem if shared else f"{path.parent.name}/{path.stem}"
+
+    def catalog_for(self, principal: Principal) -> Catalog:
+        """The shared voices and the tenant's own (a voice-scoped token: that one only);
+        kept current by the rescan, like the shared catalog."""
+        tenant, scope = principal.tenant, principal.voice
+        catalog = self._catalogs.get((tenant, scope))
+        if catalog is None:
+            catalog = Catalog((), self.catalog.model, "", tenant=tenant)
+            self._catalogs[(tenant, scope)] = self._fill(catalog, tenant, scope)
+        return catalog
+
+    def _fill(self, catalog: Catalog, tenant: str, scope: str | None) -> Catalog:
+        prefix = f"{tenant}/"
+        own = {k.removeprefix(prefix): k for k in self.engine.model.voices if k.startswith(prefix)}
+        names = [*(v for v in self.catalog.voices if v not in own), *own]
+        if scope is not None:
+            names = [v for v in names if v == scope]
+        catalog.voices = tuple(names)
+        catalog.keys = own
+        default = self.catalog.default_voice
+        catalog.default_voice = default if default in names else next(iter(names), "")
+        return catalog
 
     async def healthz(self, request: Request) -> JSONResponse:
         """Liveness: the event loop answers. Never depends on the LM server (a restart of
@@ -220,7 +288,10 @@ class VoiceServer:
         )
 
     async def voices(self, request: Request) -> JSONResponse:
-        return JSONResponse({"voices": list(self.catalog.voices)})
+        return JSONResponse({"voices": list(self.catalog_for(principal_of(request)).voices)})
+
+    async def tokens(self, request: Request) -> JSONResponse:
+        return await mint_token(self, request)
 
     # -- SessionHost: what transports need to open sessions --------------------------------
 

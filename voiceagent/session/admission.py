@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..ops.metrics import Metrics
 from ..protocol.errors import CloseCode, ErrorCode
+from .quota import Quota, TenantUsage
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +27,12 @@ DRAIN_POLL_S = 0.05
 
 
 # The codes `Admission.admit` refuses a session with.
-SESSION_REFUSALS = (ErrorCode.TOO_MANY_SESSIONS, ErrorCode.SERVER_DRAINING)
+SESSION_REFUSALS = (
+    ErrorCode.TOO_MANY_SESSIONS,
+    ErrorCode.SERVER_DRAINING,
+    ErrorCode.QUOTA_EXCEEDED,
+)
+DEFAULT_TENANT = "default"
 
 
 class Closable(Protocol):
@@ -52,10 +59,19 @@ class Refusal:
 
 
 class Admission:
-    def __init__(self, max_sessions: int, max_live_turns: int, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        max_sessions: int,
+        max_live_turns: int,
+        metrics: Metrics,
+        quota: Callable[[str], Quota] = lambda tenant: Quota(),
+    ) -> None:
+        """`quota`: a tenant's quota now (the server reads it from the keys file)."""
         self.max_sessions = max_sessions
         self.max_live_turns = max_live_turns
         self.metrics = metrics
+        self.quota = quota
+        self.tenants: dict[str, TenantUsage] = {}
         self.sessions = 0
         self.live_turns = 0
         self.draining = False
@@ -63,9 +79,15 @@ class Admission:
 
     # -- sessions -------------------------------------------------------------------------
 
-    def admit(self, transport: str) -> Refusal | None:
-        """Take a session slot for `transport`, or say why not. Call `release` exactly once
-        for every admitted session."""
+    def tenant(self, name: str) -> TenantUsage:
+        usage = self.tenants.get(name)
+        if usage is None:
+            usage = self.tenants[name] = TenantUsage(name, lambda: self.quota(name))
+        return usage
+
+    def admit(self, transport: str, tenant: str = DEFAULT_TENANT) -> Refusal | None:
+        """Take a session slot for `transport` (and one of `tenant`'s), or say why not.
+        Call `release` exactly once for every admitted session."""
         refusal = None
         if self.draining:
             refusal = Refusal(
@@ -76,6 +98,8 @@ class Admission:
                 ErrorCode.TOO_MANY_SESSIONS,
                 f"server is at its limit of {self.max_sessions} sessions; retry later",
             )
+        elif (over := self.tenant(tenant).admit_session()) is not None:
+            refusal = Refusal(ErrorCode.QUOTA_EXCEEDED, over)
         if refusal is not None:
             self.metrics.refused.labels(str(refusal.code)).inc()
             return refusal
@@ -84,19 +108,23 @@ class Admission:
         self.metrics.sessions_active.labels(transport).inc()
         return None
 
-    def release(self, transport: str) -> None:
+    def release(self, transport: str, tenant: str = DEFAULT_TENANT) -> None:
         self.sessions -= 1
+        self.tenant(tenant).release_session()
         self.metrics.sessions_active.labels(transport).dec()
 
     # -- turns ----------------------------------------------------------------------------
 
-    def admit_turn(self) -> Refusal | None:
+    def admit_turn(self, tenant: str = DEFAULT_TENANT) -> Refusal | None:
         if self.live_turns >= self.max_live_turns:
             self.metrics.refused.labels(str(ErrorCode.SERVER_BUSY)).inc()
             return Refusal(
                 ErrorCode.SERVER_BUSY,
                 f"server is at its limit of {self.max_live_turns} live turns; retry later",
             )
+        if (over := self.tenant(tenant).take_turn()) is not None:
+            self.metrics.refused.labels(str(ErrorCode.QUOTA_EXCEEDED)).inc()
+            return Refusal(ErrorCode.QUOTA_EXCEEDED, over)
         self.live_turns += 1
         self.metrics.turns_active.inc()
         return None

@@ -14,6 +14,7 @@ from ..protocol.messages import Format
 from ..protocol.session import Catalog, Limits, SendAudio
 
 if TYPE_CHECKING:
+    from ..auth.gate import Principal
     from ..engine.embedded import EmbeddedEngine
     from ..transport.guard import ConnectionGate, GuardConfig
     from .admission import Admission
@@ -83,3 +84,6 @@ class SessionHost(Protocol):
     @property
     def connections(self) -> ConnectionGate:
         """New connections per client address."""
+
+    def catalog_for(self, principal: Principal) -> Catalog:
+        """What a session of `principal` may use: the shared voices and its tenant's."""

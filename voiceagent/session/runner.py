@@ -219,7 +219,7 @@ class SessionRunner:
 
     async def _open(self, action: OpenTurn) -> None:
         if self.admission is not None:
-            refusal = self.admission.admit_turn()
+            refusal = self.admission.admit_turn(self.core.catalog.tenant)
             if refusal is not None:
                 await self.execute(self.core.turn_failed(action.num, refusal.code, refusal.message))
                 return
@@ -263,7 +263,7 @@ class SessionRunner:
     def _turn_settings(self, s: Settings, encoder: Encoder) -> TurnSettings:
         sp = s.sampling
         return TurnSettings(
-            voice=self.engine.model.voices[s.voice],
+            voice=self.engine.model.voices[self.core.catalog.voice_key(s.voice)],
             sampling=SamplingParams(sp.temperature, sp.top_k, sp.top_p, sp.seed),
             speed=s.speed,
             frames=FrameFormat(encoder.sample_rate, encoder.tail_samples),

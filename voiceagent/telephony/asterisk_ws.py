@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..audio.format import FRAME_MS
+from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import SendAudio
 from . import asterisk_ws_control as ctl
@@ -143,6 +144,7 @@ async def serve_asterisk_ws(host: CallHost, ws: WebSocket) -> None:
     info = CallInfo("asterisk", call_id, media_start.connection_id, media.codec, media.sample_rate)
     info = CallInfo(**{**info.__dict__, "params": params})
     transport = AsteriskWebSocketTransport(ws, info, fmt, host.telephony.mark_every_ms)
+    transport.principal = principal_of(ws)
     transport_box.append(transport)
     codec_box.append(media.codec)
     try:
@@ -150,7 +152,7 @@ async def serve_asterisk_ws(host: CallHost, ws: WebSocket) -> None:
         await run_call(host, transport, events)
     except CallRefused as refused:
         log.warning("asterisk call %s refused: %s", call_id, refused)
-        busy = refused.code == ErrorCode.TOO_MANY_SESSIONS
+        busy = refused.code in (ErrorCode.TOO_MANY_SESSIONS, ErrorCode.QUOTA_EXCEEDED)
         with contextlib.suppress(Exception):
             await transport._command(ctl.HANGUP)
             code = CloseCode.TRY_AGAIN_LATER if busy else CloseCode.POLICY_VIOLATION

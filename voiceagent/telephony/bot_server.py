@@ -10,6 +10,7 @@ import json
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import error_event
 from .bot import check_attach, parse_attach
@@ -34,6 +35,9 @@ async def serve_bot(host: CallHost, ws: WebSocket) -> None:
     call = await host.calls.find(token, timeout)
     if call is None:
         await _refuse(ws, ErrorCode.UNKNOWN_CALL, "no call with that token arrived in time")
+        return
+    if principal_of(ws).tenant != call.tenant:
+        await _refuse(ws, ErrorCode.FORBIDDEN, "that call belongs to another tenant")
         return
     if call.bot.attached or call.ended.is_set():
         await _refuse(ws, ErrorCode.CALL_ALREADY_ATTACHED, "another bot drives that call")

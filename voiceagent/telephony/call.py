@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 from starlette.websockets import WebSocket
 
+from ..auth.gate import ANONYMOUS, Principal
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import SETTING, Format
 from ..protocol.session import SessionCore, error_event
@@ -109,6 +110,10 @@ class CallRefused(Exception):
 class CallTransport(Transport):
     """A call's media behind the port: our audio to the carrier, events to the bot."""
 
+    # Who the stream's credential names (the call's tenant); AudioSocket and signed
+    # Twilio streams carry none: the tenant `default`.
+    principal: Principal = ANONYMOUS
+
     def __init__(self, info: CallInfo) -> None:
         self.info = info
         self.name = info.carrier
@@ -138,8 +143,13 @@ class Call:
         self.info = transport.info
         self.transport = transport
         self.bot = transport.bot
+        self.tenant = transport.principal.tenant
         self.core = SessionCore(
-            uuid.uuid4().hex[:16], host.catalog, host.limits, transport.pinned_format
+            uuid.uuid4().hex[:16],
+            host.catalog_for(transport.principal),
+            host.limits,
+            transport.pinned_format,
+            budget=host.admission.tenant(self.tenant),
         )
         self.runner = SessionRunner(self.core, host.engine, transport, host.playout, host.admission)
         self.ended = asyncio.Event()
@@ -250,12 +260,13 @@ async def run_call(
             ErrorCode.INVALID_PARAMETER,
             f"the call needs a 'token' parameter of at least {MIN_TOKEN_CHARS} characters",
         )
-    refusal = host.admission.admit(transport.name)
+    tenant = transport.principal.tenant
+    refusal = host.admission.admit(transport.name, tenant)
     if refusal is not None:
         raise CallRefused(refusal.code, refusal.message)
     call = Call(host, transport)
     if not host.calls.add(info.token, call):
-        host.admission.release(transport.name)
+        host.admission.release(transport.name, tenant)
         await call.runner.close()
         raise CallRefused(ErrorCode.CALL_ALREADY_ATTACHED, "a live call already has that token")
     log.info("call %s (%s) started, session %s", info.call_id, info.carrier, call.core.session_id)
@@ -273,7 +284,7 @@ async def run_call(
         reason = "error"
     finally:
         host.calls.remove(info.token, call)
-        host.admission.release(transport.name)
+        host.admission.release(transport.name, tenant)
         await call.close(reason)
         log.info("call %s ended (%s)", info.call_id, reason)
 

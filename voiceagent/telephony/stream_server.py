@@ -17,6 +17,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from twilio.request_validator import RequestValidator
 
 from ..audio.format import FRAME_MS
+from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import SendAudio
 from .call import CallHost, CallRefused, CallTransport, TelephonyConfig, run_call
@@ -135,11 +136,12 @@ async def serve_media_stream(host: CallHost, ws: WebSocket, carrier: str) -> Non
     if dialect.info is None:
         return  # gone before its start
     transport = MediaStreamTransport(ws, dialect, config.mark_every_ms)
+    transport.principal = principal_of(ws)
     try:
         await run_call(host, transport, events)
     except CallRefused as refused:
         log.warning("call %s (%s) refused: %s", dialect.info.call_id, carrier, refused)
-        busy = refused.code == ErrorCode.TOO_MANY_SESSIONS
+        busy = refused.code in (ErrorCode.TOO_MANY_SESSIONS, ErrorCode.QUOTA_EXCEEDED)
         code = CloseCode.TRY_AGAIN_LATER if busy else CloseCode.POLICY_VIOLATION
         with contextlib.suppress(Exception):
             await ws.close(code, str(refused)[:120])

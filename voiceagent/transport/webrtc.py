@@ -42,6 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..audio.format import FRAME_MS, OPUS_RATE, frame_samples
+from ..auth.gate import ANONYMOUS, Principal, principal_of
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import Format
 from ..protocol.session import SendAudio, SessionCore
@@ -234,15 +235,24 @@ class WebRtcTransport(Transport):
 
 
 class WebRtcSession:
-    def __init__(self, gateway: WebRtcGateway, pc: RTCPeerConnection) -> None:
+    def __init__(
+        self, gateway: WebRtcGateway, pc: RTCPeerConnection, principal: Principal = ANONYMOUS
+    ) -> None:
         self.gateway = gateway
+        self.tenant = principal.tenant
         host = gateway.host
         self.config = gateway.config
         self.pc = pc
         self.id = uuid.uuid4().hex[:16]
         self.track = OutboundAudioTrack(self.config.track_buffer_frames, on_sync=self._on_sync)
         self.transport = WebRtcTransport(self.track, self.close)
-        self.core = SessionCore(self.id, host.catalog, host.limits, self.transport.pinned_format)
+        self.core = SessionCore(
+            self.id,
+            host.catalog_for(principal),
+            host.limits,
+            self.transport.pinned_format,
+            budget=host.admission.tenant(principal.tenant),
+        )
         self.runner = SessionRunner(
             self.core, host.engine, self.transport, host.playout, host.admission
         )
@@ -370,7 +380,7 @@ class WebRtcGateway:
     def release(self, session: WebRtcSession) -> None:
         if session in self.sessions:
             self.sessions.discard(session)
-            self.host.admission.release(WebRtcTransport.name)
+            self.host.admission.release(WebRtcTransport.name, session.tenant)
 
     async def close_all(self) -> None:
         for session in list(self.sessions):
@@ -389,7 +399,8 @@ class WebRtcGateway:
         except OfferError as err:
             return self._error(err)
         # Take the slot before the first await, so concurrent offers cannot overshoot.
-        refusal = self.host.admission.admit(WebRtcTransport.name)
+        principal = principal_of(request)
+        refusal = self.host.admission.admit(WebRtcTransport.name, principal.tenant)
         if refusal is not None:
             response = self._error(OfferError(str(refusal.code), refusal.message, 503))
             response.headers["Retry-After"] = str(refusal.retry_after_s)
@@ -398,15 +409,15 @@ class WebRtcGateway:
         pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
         session: WebRtcSession | None = None
         try:
-            session = WebRtcSession(self, pc)
+            session = WebRtcSession(self, pc, principal)
             self.sessions.add(session)
             answer = await self._negotiate(session, offer)
         except OfferError as err:
-            await self._abandon(session, pc)
+            await self._abandon(session, pc, principal.tenant)
             return self._error(err)
         except Exception as exc:
             log.exception("answering a WebRTC offer failed")
-            await self._abandon(session, pc)
+            await self._abandon(session, pc, principal.tenant)
             return self._error(
                 OfferError("internal_error", f"could not answer the offer: {exc}", 500)
             )
@@ -418,11 +429,13 @@ class WebRtcGateway:
             {"type": "error", "code": err.code, "message": err.message}, status_code=err.status
         )
 
-    async def _abandon(self, session: WebRtcSession | None, pc: RTCPeerConnection) -> None:
+    async def _abandon(
+        self, session: WebRtcSession | None, pc: RTCPeerConnection, tenant: str
+    ) -> None:
         if session is not None:
             await session.close()
         else:
-            self.host.admission.release(WebRtcTransport.name)
+            self.host.admission.release(WebRtcTransport.name, tenant)
             with contextlib.suppress(Exception):
                 await pc.close()
 

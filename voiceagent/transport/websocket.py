@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..audio.format import MULAW_RATE
+from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.frames import AudioFrame, pack
 from ..protocol.messages import Format
@@ -118,13 +119,19 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
         await ws.send_denial_response(rate_limited_response())  # HTTP 429, no upgrade
         return
     await ws.accept()
-    refusal = host.admission.admit(WebSocketTransport.name)
+    who = principal_of(ws)  # the credential was checked before the upgrade (auth/gate.py)
+    refusal = host.admission.admit(WebSocketTransport.name, who.tenant)
     if refusal is not None:
         host.engine.metrics.errors.labels(str(refusal.code)).inc()
         await ws.send_text(json.dumps(error_event(refusal.code, refusal.message)))
         await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
         return
-    core = SessionCore(uuid.uuid4().hex[:16], host.catalog, host.limits)
+    core = SessionCore(
+        uuid.uuid4().hex[:16],
+        host.catalog_for(who),
+        host.limits,
+        budget=host.admission.tenant(who.tenant),
+    )
     transport = WebSocketTransport(ws, core, guard.send_timeout_s)
     runner = SessionRunner(core, host.engine, transport, host.playout, host.admission)
     gate = MessageGate(guard)
@@ -166,7 +173,7 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     except Exception:
         log.exception("session %s failed", core.session_id)
     finally:
-        host.admission.release(WebSocketTransport.name)
+        host.admission.release(WebSocketTransport.name, who.tenant)
         await runner.close()
     if transport.stalled:
         ended = ErrorCode.SLOW_CONSUMER
