@@ -49,7 +49,11 @@ DASHBOARD_PROVIDERS = DEPLOY / "grafana" / "provisioning" / "dashboards" / "voic
 # ships schemas for (it validates against the newest schema not newer than the version).
 K8S_VERSIONS = ["1.33.0", "1.37.0"]
 # Manifests that kustomization.yaml leaves out on purpose (see its comment).
-NOT_IN_KUSTOMIZATION = {"export-sglang-job.yaml", "prometheus-adapter-rules.yaml"}
+NOT_IN_KUSTOMIZATION = {
+    "export-sglang-job.yaml",
+    "prometheus-adapter-rules.yaml",
+    "voiceagent-auth-secret.yaml",  # an example: real keys are not kept in a repository
+}
 # What the app serves for probes (/healthz: the process lives; /readyz: take traffic).
 PROBE_PATHS = ["/healthz", "/readyz"]
 
