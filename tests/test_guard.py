@@ -225,11 +225,15 @@ def test_an_address_opening_connections_too_fast_gets_429_before_the_upgrade(
     address = _non_loopback_address()
     if address is None:
         pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+    from voiceagent.auth.gate import AuthConfig
     from voiceagent.server.app import ServerConfig
     from voiceagent.server.background import free_port
 
     config = ServerConfig(
-        host="0.0.0.0", port=free_port(), guard=GuardConfig(connections_per_s=1, connection_burst=2)
+        host="0.0.0.0",
+        port=free_port(),
+        guard=GuardConfig(connections_per_s=1, connection_burst=2),
+        auth=AuthConfig(mode="off"),  # this test is about the connection rate alone
     )
     with BackgroundServer(tiny_model, config):
         url = f"ws://{address}:{config.port}/v1/ws"
