@@ -17,7 +17,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 from conftest import run
 
 from voiceagent.bench.clients import Client, MicTrack, Peer, connect, open_peer
-from voiceagent.transport.webrtc import OutboundAudioTrack, WebRtcConfig
+from voiceagent.transport.webrtc import WebRtcConfig
+from voiceagent.transport.webrtc_media import OutboundAudioTrack
 
 SENTENCE = "Your order shipped this morning."
 SILENT_RMS = 1e-3  # decoded Opus of digital silence is (near) zero

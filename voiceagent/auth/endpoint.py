@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..protocol.errors import ErrorCode
-from .gate import principal_of
-
-if TYPE_CHECKING:
-    from ..server.app import VoiceServer
+from .gate import Gate, Principal, principal_of
 
 MAX_BODY_BYTES = 4096
 
@@ -25,7 +23,14 @@ def _error(code: ErrorCode, message: str, status: int = 400) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-async def mint_token(server: VoiceServer, request: Request) -> JSONResponse:
+async def mint_token(
+    request: Request,
+    gate: Gate,
+    voices_of: Callable[[Principal], Sequence[str]],
+    ttl_cap_s: float,
+) -> JSONResponse:
+    """POST /v1/tokens: a session token for the caller's tenant (`voices_of`: what the
+    caller may use, to check a voice scope)."""
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
         return _error(ErrorCode.MESSAGE_TOO_LARGE, f"body larger than {MAX_BODY_BYTES} bytes")
@@ -35,18 +40,16 @@ async def mint_token(server: VoiceServer, request: Request) -> JSONResponse:
         return _error(ErrorCode.INVALID_JSON, "body must be JSON: {voice?, ttl_s?}")
     if not isinstance(asked, dict):
         return _error(ErrorCode.INVALID_MESSAGE, "body must be a JSON object: {voice?, ttl_s?}")
-    cap = server.config.auth.token_ttl_s
+    cap = ttl_cap_s
     ttl = asked.get("ttl_s", cap)
     if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
         return _error(ErrorCode.INVALID_PARAMETER, "'ttl_s' must be a number of seconds > 0")
     ttl = min(float(ttl), cap)
     principal = principal_of(request)
     voice = asked.get("voice")
-    if voice is not None:
-        visible = server.catalog_for(principal).voices
-        if not isinstance(voice, str) or voice not in visible:
-            return _error(ErrorCode.UNKNOWN_VOICE, f"unknown voice {str(voice)[:64]!r}")
-    token = server.gate.mint(principal.tenant, ttl, voice)
+    if voice is not None and (not isinstance(voice, str) or voice not in voices_of(principal)):
+        return _error(ErrorCode.UNKNOWN_VOICE, f"unknown voice {str(voice)[:64]!r}")
+    token = gate.mint(principal.tenant, ttl, voice)
     expires_at = int(time.time() + ttl)
     return JSONResponse(
         {"token": token, "tenant": principal.tenant, "voice": voice, "expires_at": expires_at}

@@ -29,7 +29,13 @@ from aiortc import (
 from aiortc.mediastreams import MediaStreamError
 
 from ..protocol import frames
-from ..transport.webrtc import FRAME_BYTES, FRAME_SAMPLES, RATE, mono_float, set_audio_prefetch
+from ..transport.webrtc_media import (
+    FRAME_BYTES,
+    FRAME_SAMPLES,
+    RATE,
+    mono_float,
+    set_audio_prefetch,
+)
 
 # -- WebSocket --------------------------------------------------------------------------
 

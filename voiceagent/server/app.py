@@ -291,7 +291,12 @@ class VoiceServer:
         return JSONResponse({"voices": list(self.catalog_for(principal_of(request)).voices)})
 
     async def tokens(self, request: Request) -> JSONResponse:
-        return await mint_token(self, request)
+        return await mint_token(
+            request,
+            self.gate,
+            lambda who: self.catalog_for(who).voices,
+            self.config.auth.token_ttl_s,
+        )
 
     # -- SessionHost: what transports need to open sessions --------------------------------
 

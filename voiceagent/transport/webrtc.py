@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fractions
 import json
 import logging
-import time
 import uuid
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import av
-import numpy as np
 from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
@@ -36,25 +32,21 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc import sdp as aiortc_sdp
-from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from ..audio.format import FRAME_MS, OPUS_RATE, frame_samples
+from ..audio.format import FRAME_MS
 from ..auth.gate import ANONYMOUS, Principal, principal_of
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import Format
 from ..protocol.session import SendAudio, SessionCore
 from ..session.port import SessionHost, Transport
 from ..session.runner import SessionRunner
+from .webrtc_media import RATE, OutboundAudioTrack, mono_float, set_audio_prefetch
 
 log = logging.getLogger(__name__)
 
-RATE = OPUS_RATE
-FRAME_SAMPLES = frame_samples(RATE)  # one Opus frame
-FRAME_S = FRAME_MS / 1000
-FRAME_BYTES = FRAME_SAMPLES * 2
 # The track's format; a client's `format` setting is ignored on WebRTC (the codec and
 # rate are negotiated in SDP instead).
 PINNED_FORMAT = Format(codec="pcm16", sample_rate=RATE)
@@ -80,120 +72,6 @@ class OfferError(Exception):
         self.code = code
         self.message = message
         self.status = status
-
-
-# -- outbound audio ---------------------------------------------------------------------
-
-
-class OutboundAudioTrack(MediaStreamTrack):
-    """20 ms pcm16 48 kHz frames out, paced on an absolute monotonic clock.
-
-    `recv()` returns the next queued frame, or silence when none is queued; pts grows by
-    960 on every frame forever (across turns, cancels and idle gaps), so the RTP
-    timestamps never rewind. Producers `put()` and wait while the queue is full, which
-    keeps only a small buffer ahead of real time. `on_sync(turn, offset_ms)` is called
-    when a turn's frame goes out after silence or another turn's audio, so the peer can
-    place that turn's timeline (lip sync) on its playback clock.
-    """
-
-    kind = "audio"
-
-    def __init__(
-        self,
-        max_frames: int = 25,
-        clock: Callable[[], float] = time.monotonic,
-        on_sync: Callable[[int, int], None] | None = None,
-    ) -> None:
-        super().__init__()
-        self.on_sync = on_sync
-        self._last_turn: int | None = None  # turn of the frame returned last (None: silence)
-        self.max_frames = max_frames
-        self._clock = clock
-        self._queue: deque[tuple[int, bytes]] = deque()
-        self._space = asyncio.Event()
-        self._start: float | None = None
-        self._index = 0  # frames returned so far; pts = index * 960
-        self.played: dict[int, int] = {}  # turn -> frames of it returned by recv()
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
-
-    async def put(self, turn: int, pcm: bytes) -> None:
-        if len(pcm) != FRAME_BYTES:  # a short last frame: pad (or trim) to 20 ms
-            pcm = pcm[:FRAME_BYTES].ljust(FRAME_BYTES, b"\0")
-        while len(self._queue) >= self.max_frames:
-            self._space.clear()
-            await self._space.wait()
-        self._queue.append((turn, pcm))
-
-    def drop_turn(self, turn: int) -> int:
-        """Discard the queued frames of a cancelled turn; return how many were dropped."""
-        before = len(self._queue)
-        self._queue = deque(item for item in self._queue if item[0] != turn)
-        self._space.set()
-        return before - len(self._queue)
-
-    async def recv(self) -> av.AudioFrame:
-        if self.readyState != "live":
-            raise MediaStreamError
-        now = self._clock()
-        if self._start is None:
-            self._start = now
-        due = self._start + self._index * FRAME_S
-        if due > now:
-            await asyncio.sleep(due - now)
-        elif now - due > 0.2:
-            # The loop stalled: re-anchor the clock instead of bursting to catch up.
-            # Only the wall-clock anchor moves; pts keeps counting.
-            self._start = now - self._index * FRAME_S
-        turn: int | None = None
-        if self._queue:
-            turn, pcm = self._queue.popleft()
-            played = self.played.get(turn, 0)
-            if turn != self._last_turn and self.on_sync is not None:
-                self.on_sync(turn, played * FRAME_MS)
-            self.played[turn] = played + 1
-            self._space.set()
-        else:
-            pcm = bytes(FRAME_BYTES)
-        self._last_turn = turn
-        frame = av.AudioFrame(format="s16", layout="mono", samples=FRAME_SAMPLES)
-        frame.planes[0].update(pcm)
-        frame.pts = self._index * FRAME_SAMPLES
-        frame.sample_rate = RATE
-        frame.time_base = fractions.Fraction(1, RATE)
-        self._index += 1
-        return frame
-
-
-def set_audio_prefetch(pc: RTCPeerConnection, frames: int) -> bool:
-    """Make the audio receivers of `pc` hold `frames` frames before decoding (aiortc: 4).
-    aiortc has no setting for it, so this swaps its private jitter buffer; it returns
-    False (and changes nothing) if a future aiortc stores it differently."""
-    changed = False
-    for transceiver in pc.getTransceivers():
-        receiver = transceiver.receiver
-        name = "_RTCRtpReceiver__jitter_buffer"
-        if transceiver.kind == "audio" and isinstance(getattr(receiver, name, None), JitterBuffer):
-            setattr(receiver, name, JitterBuffer(capacity=16, prefetch=frames))
-            changed = True
-    return changed
-
-
-def mono_float(frame: av.AudioFrame) -> np.ndarray:
-    """Downmix any aiortc-decoded frame (packed or planar, int16 or float) to mono float."""
-    arr = frame.to_ndarray()
-    channels = len(frame.layout.channels)
-    if frame.format.is_planar:
-        mono = arr.reshape(channels, -1).mean(axis=0)
-    else:
-        mono = arr.reshape(-1, channels).mean(axis=1)
-    if arr.dtype == np.int16:
-        mono = mono / 32768.0
-    elif arr.dtype == np.int32:
-        mono = mono / 2147483648.0
-    return np.asarray(mono, dtype=np.float32)
 
 
 # -- sessions ---------------------------------------------------------------------------
