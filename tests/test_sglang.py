@@ -9,6 +9,7 @@ SGLang makes on non-CUDA platforms; see the file).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -222,6 +223,7 @@ class Router:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [str(SGLANG_PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--policy", "cache_aware", "--worker-urls", *workers]
+        cmd += ["--prometheus-port", str(free_port())]  # its own metrics port (default 29000)
         self.proc = subprocess.Popen(
             cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -252,9 +254,11 @@ def test_turns_run_through_sglang_router_and_readiness_follows_its_workers(
     """Several LM servers behind sglang-router (here one): voiceagent only knows the
     router. Its /health says 200 even without workers, so readiness must not trust it."""
     server, export = sglang
-    routed = Router([server.url], tmp_path / "router.log")
-    empty = Router([], tmp_path / "router-empty.log")
-    try:
+    with contextlib.ExitStack() as routers:
+        routed = Router([server.url], tmp_path / "router.log")
+        routers.callback(routed.kill)
+        empty = Router([], tmp_path / "router-empty.log")
+        routers.callback(empty.kill)
         config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
         with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, routed.url, export)) as vs:
             ready = httpx.get(f"{vs.http}/readyz")
@@ -274,9 +278,6 @@ def test_turns_run_through_sglang_router_and_readiness_follows_its_workers(
         config = ServerConfig(port=free_port())
         with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, empty.url, export)) as vs:
             lonely = httpx.get(f"{vs.http}/readyz")
-    finally:
-        routed.kill()
-        empty.kill()
     assert ready.status_code == 200, ready.text
     assert spoken.frames and spoken.event("turn.done")["timings"]["tokens"] > 0
     assert lonely.status_code == 503
