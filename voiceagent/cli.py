@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +16,10 @@ from .audio.format import MODEL_RATE
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
 from .ops.logs import LEVELS, configure_logging
+
+if TYPE_CHECKING:
+    from .engine.embedded import EmbeddedEngine
+    from .model.speech_model import SpeechModel
 
 log = logging.getLogger("voiceagent")
 
@@ -27,20 +32,10 @@ def _settings(args: argparse.Namespace) -> config.Loaded | None:
         return None
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvloop
-
+def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngine:
+    """The engine `serve` runs: the [engine] settings over `model`."""
     from .engine.embedded import EmbeddedEngine
-    from .server.app import VoiceServer, serve
 
-    loaded = _settings(args)
-    if loaded is None:
-        return 2
-    settings = loaded.settings
-    configure_logging(settings.log.level, settings.log.format)
-    if loaded.file:
-        log.info("settings from %s", loaded.file)
-    model = load_model(settings.model.path or None, settings.model.device)
     engine_settings = settings.engine
     lm = None
     if engine_settings.kind == "sglang":
@@ -52,9 +47,28 @@ def _serve(args: argparse.Namespace) -> int:
             Path(engine_settings.sglang_export),
             engine_settings.sglang_timeout_s,
         )
-    engine = EmbeddedEngine(
-        model, max_batch=engine_settings.max_batch, threads=engine_settings.threads or None, lm=lm
+    return EmbeddedEngine(
+        model,
+        max_batch=engine_settings.max_batch,
+        threads=engine_settings.threads or None,
+        lm=lm,
+        acoustic_batching=engine_settings.acoustic_batching,
     )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from .server.app import VoiceServer, serve
+
+    loaded = _settings(args)
+    if loaded is None:
+        return 2
+    settings = loaded.settings
+    configure_logging(settings.log.level, settings.log.format)
+    if loaded.file:
+        log.info("settings from %s", loaded.file)
+    engine = build_engine(settings, load_model(settings.model.path or None, settings.model.device))
     server_config = settings.server_config()
     log.info("serving on ws://%s:%d/v1/ws", server_config.host, server_config.port)
     uvloop.run(serve(VoiceServer(engine, server_config), settings.log.level))
