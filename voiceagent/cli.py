@@ -244,20 +244,22 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "telephony", "cutoff", "chunk-cost"],
+        choices=["ws", "webrtc", "telephony", "cutoff", "chunk-cost", "isolation"],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
         "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; cutoff: "
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
-        "1 vs 20",
+        "1 vs 20; isolation: invariant vs batched acoustic, cost and bit differences",
     )
     s.add_argument("--model")
     s.add_argument(
         "--sessions",
-        help="concurrency levels (ws: 1,8; webrtc, telephony: 1,2,4,8,12,16)",
+        help="concurrency levels (ws, isolation: 1,8; webrtc, telephony: 1,2,4,8,12,16)",
     )
     s.add_argument("--turns", type=int, default=3, help="turns per session (telephony: per call)")
-    s.add_argument("--repeats", type=int, default=1, help="chunk-cost: runs (median taken)")
+    s.add_argument(
+        "--repeats", type=int, default=1, help="chunk-cost, isolation: runs (median taken)"
+    )
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
     s.add_argument("--max-speech-s", type=float, help="as in serve (ws: 60, webrtc, telephony: 3)")
