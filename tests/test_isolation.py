@@ -110,12 +110,18 @@ def samples(frames: list[Any]) -> np.ndarray:
 
 async def speak(url: str, who: Speaker) -> tuple[np.ndarray, float]:
     """One turn in a session of its own: its PCM16 samples, and when turn.done came."""
+    frames, done_at = await speak_frames(url, who, "pcm16")
+    return samples(frames), done_at
+
+
+async def speak_frames(url: str, who: Speaker, codec: str) -> tuple[list[Any], float]:
+    """One turn in a session of its own: its binary frames, and when turn.done came."""
     async with connect(url) as ws:
         c = Client(ws)
-        await c.start(voice=who.voice, sampling={"seed": who.seed}, format={"codec": "pcm16"})
+        await c.start(voice=who.voice, sampling={"seed": who.seed}, format={"codec": codec})
         result = await c.speak(who.text)
         result.event("turn.done")
-        return samples(result.frames), asyncio.get_running_loop().time()
+        return result.frames, asyncio.get_running_loop().time()
 
 
 async def speak_and_cancel(url: str, who: Speaker, after_frames: int) -> tuple[dict, float]:
@@ -180,6 +186,20 @@ def test_a_turn_sounds_the_same_bit_for_bit_whatever_runs_beside_it(recording_se
     assert not differs
     for runs in lm.of(TARGET):  # each segment's tokens, in all four runs
         assert len(runs) == 4 and all(tokens == runs[0] for tokens in runs)
+
+
+def test_opus_packets_are_identical_too(recording_server):
+    """The encoder (resampler, Opus) is the session's own: same samples, same packets."""
+    url = recording_server.url
+
+    async def opus(who: Speaker) -> list[bytes]:
+        return [f.payload for f in (await speak_frames(url, who, "opus"))[0]]
+
+    async def beside_seven() -> list[bytes]:
+        return (await asyncio.gather(opus(TARGET), *(speak(url, w) for w in NEIGHBOURS)))[0]
+
+    alone = run(opus(TARGET))
+    assert run(beside_seven()) == alone
 
 
 def test_batched_acoustic_mode_stays_within_one_16_bit_step(tiny_model):
