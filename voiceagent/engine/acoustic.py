@@ -174,13 +174,16 @@ class AcousticWorker:
             self._stages(jobs)
         else:  # each chunk alone, in queue order: its result depends on its turn only
             for job in jobs:
-                self._stages([job])
+                if not job.stream.closed:  # a turn cancelled during this round
+                    self._stages([job])
 
     def _stages(self, jobs: list[_Job]) -> None:
         t0 = time.perf_counter()
         jobs = self._stage(jobs, lambda j: len(j.tokens), self._flow, self._flow_commit)
         t1 = time.perf_counter()
         self.metrics.chunk_seconds.labels("flow").observe(t1 - t0)
+        if not jobs:
+            return
         voc = self.model.vocoder
         self._stage(
             jobs,
@@ -204,7 +207,7 @@ class AcousticWorker:
         is run again one job at a time; `commit` applies one job's result. Either way an
         exception fails only the job it came from."""
         ok: list[_Job] = []
-        for group in _group(jobs, key):
+        for group in [jobs] if len(jobs) == 1 else _group(jobs, key):
             try:
                 outs = [(j, o) for j, o in zip(group, compute(group), strict=True)]
             except Exception as exc:
