@@ -308,6 +308,17 @@ def test_the_server_is_built_from_the_settings(tmp_path, monkeypatch):
     assert server.telephony.public_url is None
 
 
+def test_the_engine_is_built_from_the_settings(tmp_path, monkeypatch, tiny_model):
+    assert config.Settings().engine.acoustic_batching == "invariant"
+    monkeypatch.setenv("VOICEAGENT_ENGINE__MAX_BATCH", "3")
+    file = toml_file(tmp_path, '[engine]\nacoustic_batching = "batched"\n')
+    engine = cli.build_engine(config.load(file).settings, tiny_model)
+    assert engine.acoustic.batching == "batched"
+    assert engine.lm.max_batch == 3  # type: ignore[attr-defined]
+    flag = config.load(file, {"engine.acoustic_batching": "invariant"}).settings
+    assert cli.build_engine(flag, tiny_model).acoustic.batching == "invariant"
+
+
 # -- the example file -------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,6 +17,10 @@ from .auth.commands import add_commands as add_auth_commands
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
 from .ops.logs import LEVELS, configure_logging
+
+if TYPE_CHECKING:
+    from .engine.embedded import EmbeddedEngine
+    from .model.speech_model import SpeechModel
 
 log = logging.getLogger("voiceagent")
 
@@ -28,20 +33,10 @@ def _settings(args: argparse.Namespace) -> config.Loaded | None:
         return None
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvloop
-
+def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngine:
+    """The engine `serve` runs: the [engine] settings over `model`."""
     from .engine.embedded import EmbeddedEngine
-    from .server.app import VoiceServer, serve
 
-    loaded = _settings(args)
-    if loaded is None:
-        return 2
-    settings = loaded.settings
-    configure_logging(settings.log.level, settings.log.format)
-    if loaded.file:
-        log.info("settings from %s", loaded.file)
-    model = load_model(settings.model.path or None, settings.model.device)
     engine_settings = settings.engine
     lm = None
     if engine_settings.kind == "sglang":
@@ -53,9 +48,28 @@ def _serve(args: argparse.Namespace) -> int:
             Path(engine_settings.sglang_export),
             engine_settings.sglang_timeout_s,
         )
-    engine = EmbeddedEngine(
-        model, max_batch=engine_settings.max_batch, threads=engine_settings.threads or None, lm=lm
+    return EmbeddedEngine(
+        model,
+        max_batch=engine_settings.max_batch,
+        threads=engine_settings.threads or None,
+        lm=lm,
+        acoustic_batching=engine_settings.acoustic_batching,
     )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from .server.app import VoiceServer, serve
+
+    loaded = _settings(args)
+    if loaded is None:
+        return 2
+    settings = loaded.settings
+    configure_logging(settings.log.level, settings.log.format)
+    if loaded.file:
+        log.info("settings from %s", loaded.file)
+    engine = build_engine(settings, load_model(settings.model.path or None, settings.model.device))
     server_config = settings.server_config()
     log.info("serving on ws://%s:%d/v1/ws", server_config.host, server_config.port)
     uvloop.run(serve(VoiceServer(engine, server_config), settings.log.level))
@@ -239,23 +253,36 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("bench", help="measure the server: TTFA, RTF, barge-in, CPU")
     s.add_argument(
         "--scenario",
-        choices=["ws", "webrtc", "telephony", "flood", "cutoff", "chunk-cost", "soak", "tenants"],
+        choices=[
+            "ws",
+            "webrtc",
+            "telephony",
+            "flood",
+            "cutoff",
+            "chunk-cost",
+            "soak",
+            "tenants",
+            "isolation",
+        ],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
         "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; flood: another "
         "session's TTFA and late frames while clients flood the server; cutoff: "
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
         "1 vs 20; soak: server memory, fds, threads and tasks over many sessions; tenants: "
-        "one tenant's TTFA while another floods up to its quotas",
+        "one tenant's TTFA while another floods up to its quotas; isolation: invariant vs "
+        "batched acoustic, cost and bit differences",
     )
     s.add_argument("--model")
     s.add_argument(
         "--sessions",
-        help="concurrency levels (ws: 1,8; webrtc, telephony: 1,2,4,8,12,16); soak: "
+        help="concurrency levels (ws, isolation: 1,8; webrtc, telephony: 1,2,4,8,12,16); soak: "
         "WebSocket sessions at once in the mixed load (4)",
     )
     s.add_argument("--turns", type=int, default=3, help="turns per session (telephony: per call)")
-    s.add_argument("--repeats", type=int, default=1, help="chunk-cost: runs (median taken)")
+    s.add_argument(
+        "--repeats", type=int, default=1, help="chunk-cost, isolation: runs (median taken)"
+    )
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
     s.add_argument("--max-speech-s", type=float, help="as in serve (ws: 60, webrtc, telephony: 3)")

@@ -8,6 +8,7 @@ cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
 soak.py     --scenario soak: server RSS, fds, threads, tasks over many sessions and hours
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
 tenants.py  --scenario tenants: one tenant's TTFA while another floods up to its quotas
+isolation.py --scenario isolation: invariant vs batched acoustic, cost and bit differences
 clients.py  WebSocket client, aiortc peer, paced microphone track
 clips.py    speech to send: espeak-ng, a synthetic vowel
 """
@@ -36,6 +37,13 @@ def run_bench(args: argparse.Namespace) -> int:
             f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
             for mode in ("linear", "recompute")
         )
+    elif args.scenario == "isolation":
+        from . import isolation
+
+        model = load_model(args.model, args.device)
+        levels = [int(x) for x in (args.sessions or "1,8").split(",")]
+        report = isolation.measure(model, levels, args.turns, args.lead_ms, args.repeats)
+        text = isolation.table(report)
     elif args.scenario == "cutoff":
         from . import cutoff
 

@@ -140,6 +140,12 @@ class EngineSection(Section):
     )
     max_batch: int = setting(16, "LM decode batch (KV slots)", "--max-batch", ge=1)
     threads: int = setting(0, "torch CPU threads (0: torch's default)", "--threads", ge=0)
+    acoustic_batching: Literal["invariant", "batched"] = setting(
+        "invariant",
+        "invariant: each turn's chunks run alone, its audio bit-identical whatever runs "
+        "beside it; batched: chunks of several turns run as one batch",
+        "--acoustic-batching",
+    )
     sglang_url: str = setting(
         "", "SGLang server, e.g. http://127.0.0.1:30000 (kind sglang)", "--sglang-url"
     )

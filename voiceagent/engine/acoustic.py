@@ -1,13 +1,18 @@
 """Acoustic worker: flow matching + vocoder + framing for all turns, on one thread.
 
-The worker takes every chunk job that is waiting, runs chunks of equal length through
+The worker takes every chunk job that is waiting. By default ("invariant") it runs them
+one at a time, in queue order, so a turn's audio is a function of its own tokens and is
+bit-identical whatever else runs. With "batched" it runs chunks of equal length through
 the flow as one batch, and mel chunks of equal length through the vocoder as one batch
-(states are concatenated along the batch axis; see model/contract.py).
+(states are concatenated along the batch axis; see model/contract.py); the float results
+then depend in their last bits on the batch. In both modes an exception fails only the
+job it came from.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -15,6 +20,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -26,6 +32,13 @@ from ..model.stretch import MelStretcher
 from ..ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+# invariant: each chunk runs alone, so a turn's audio is bit-identical whatever runs beside
+# it; batched: chunks of equal size of several turns run as one batch (float results then
+# differ from a solo run in the last bits).
+AcousticBatching = Literal["invariant", "batched"]
+ACOUSTIC_BATCHING: tuple[AcousticBatching, ...] = ("invariant", "batched")
+_Out = tuple[State | None, torch.Tensor]  # one job's result of a stage: new state, output
 
 
 @dataclass
@@ -60,14 +73,23 @@ class _Job:
 
 
 class AcousticWorker:
-    def __init__(self, model: SpeechModel, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        model: SpeechModel,
+        metrics: Metrics | None = None,
+        batching: AcousticBatching = "invariant",
+    ) -> None:
         self.model = model
         self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._primed_states: dict[str, tuple[Voice, State]] = {}
-        self.batches = 0
-        self.batched_chunks = 0
+        if batching not in ACOUSTIC_BATCHING:
+            raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
+        self.batching = batching
+        self.rounds = 0  # times the worker took the waiting jobs
+        self.max_round = 0  # most jobs taken at once
+        self.batched_calls = 0  # flow or vocoder calls over more than one chunk
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="voiceagent-acoustic", daemon=True)
@@ -107,7 +129,8 @@ class AcousticWorker:
                 else:
                     fut.set_result(result)
 
-            loop.call_soon_threadsafe(settle)
+            with contextlib.suppress(RuntimeError):  # its event loop is gone: nobody waits
+                loop.call_soon_threadsafe(settle)
 
         self._jobs.put(_Job(stream, tokens, final, done))
         self.metrics.acoustic_waiting.inc()
@@ -139,55 +162,120 @@ class AcousticWorker:
             try:
                 with torch.inference_mode():
                     self._process(jobs)
-            except Exception as exc:
-                log.exception("acoustic batch failed")
+            except Exception as exc:  # a bug outside any one job: fail those not settled
+                log.exception("acoustic round failed")
                 for j in jobs:
                     j.done(exc)
 
     def _process(self, jobs: list[_Job]) -> None:
-        self.batches += 1
-        self.batched_chunks += len(jobs)
-        look = self.model.pre_lookahead
-        dev = self.model.device
+        self.rounds += 1
+        self.max_round = max(self.max_round, len(jobs))
+        if self.batching == "batched":
+            self._stages(jobs)
+        else:  # each chunk alone, in queue order: its result depends on its turn only
+            for job in jobs:
+                if not job.stream.closed:  # a turn cancelled during this round
+                    self._stages([job])
+
+    def _stages(self, jobs: list[_Job]) -> None:
         t0 = time.perf_counter()
-        for group in _group(jobs, lambda j: len(j.tokens)):
-            if len(group[0].tokens) == look:  # no new tokens: only drain the stretcher
-                for j in group:
-                    j.mel = j.stream.stretcher.push(
-                        torch.zeros(self.model.mel_bins, 0, device=dev), j.final
-                    )
-                continue
-            flow = self.model.flow
-            for j in group:
-                if j.stream.flow_state is None:
-                    j.stream.flow_state = self._primed(j.stream.voice)
-            tokens = torch.tensor([j.tokens for j in group], device=dev)
-            spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)
-            states = [j.stream.flow_state for j in group if j.stream.flow_state is not None]
-            state = states[0] if len(group) == 1 else flow.cat_states(states)
-            mel, state = flow.forward_chunk(tokens, spk, state)
-            split = [state] if len(group) == 1 else flow.split_states(state, len(group))
-            for j, s, m in zip(group, split, mel, strict=True):
-                j.stream.flow_state = s
-                j.mel = j.stream.stretcher.push(m, j.final)
+        jobs = self._stage(jobs, lambda j: len(j.tokens), self._flow, self._flow_commit)
         t1 = time.perf_counter()
         self.metrics.chunk_seconds.labels("flow").observe(t1 - t0)
+        if not jobs:
+            return
         voc = self.model.vocoder
-        for group in _group(
+        self._stage(
             jobs,
             lambda j: voc.batch_key(
                 j.stream.vocoder_state, j.mel.shape[1] if j.mel is not None else 0, j.final
             ),
-        ):
-            mels = [j.mel for j in group if j.mel is not None]
-            vstates = [j.stream.vocoder_state or voc.initial_state() for j in group]
-            state = vstates[0] if len(group) == 1 else voc.cat_states(vstates)
-            pcm, state = voc.forward_chunk(torch.stack(mels), state, group[0].final)
-            split = [state] if len(group) == 1 else voc.split_states(state, len(group))
-            for j, s, p in zip(group, split, pcm, strict=True):
-                j.stream.vocoder_state = s
-                self._finish(j, p.cpu().numpy().copy())
+            self._vocoder,
+            self._vocoder_commit,
+        )
         self.metrics.chunk_seconds.labels("vocoder").observe(time.perf_counter() - t1)
+
+    def _stage(
+        self,
+        jobs: list[_Job],
+        key: Callable[[_Job], object],
+        compute: Callable[[list[_Job]], list[_Out]],
+        commit: Callable[[_Job, _Out], None],
+    ) -> list[_Job]:
+        """Run one stage over `jobs`, the jobs of equal `key` as one batch; return the
+        jobs that did not fail. `compute` changes no job's stream, so a batch that raises
+        is run again one job at a time; `commit` applies one job's result. Either way an
+        exception fails only the job it came from."""
+        ok: list[_Job] = []
+        for group in [jobs] if len(jobs) == 1 else _group(jobs, key):
+            try:
+                outs = [(j, o) for j, o in zip(group, compute(group), strict=True)]
+            except Exception as exc:
+                if len(group) == 1:
+                    self._fail(group[0], exc)
+                    continue
+                log.warning("acoustic batch of %d chunks failed: running them alone", len(group))
+                outs = []
+                for j in group:
+                    try:
+                        outs += [(j, compute([j])[0])]
+                    except Exception as one:
+                        self._fail(j, one)
+            for j, o in outs:
+                try:
+                    commit(j, o)
+                except Exception as exc:
+                    self._fail(j, exc)
+                else:
+                    ok.append(j)
+        return ok
+
+    def _fail(self, job: _Job, exc: BaseException) -> None:
+        log.error("acoustic chunk failed", exc_info=exc)
+        job.done(exc)
+
+    def _flow(self, group: list[_Job]) -> list[_Out]:
+        """Mel (before stretching) and the new flow state of each job."""
+        dev = self.model.device
+        if len(group[0].tokens) == self.model.pre_lookahead:  # no new tokens: only drain
+            return [(None, torch.zeros(self.model.mel_bins, 0, device=dev)) for _ in group]
+        flow = self.model.flow
+        states = []
+        for j in group:
+            if j.stream.flow_state is None:  # the primed state is shared and never mutated
+                j.stream.flow_state = self._primed(j.stream.voice)
+            states.append(j.stream.flow_state)
+        tokens = torch.tensor([j.tokens for j in group], device=dev)
+        spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)
+        state = states[0] if len(group) == 1 else flow.cat_states(states)
+        mel, state = flow.forward_chunk(tokens, spk, state)
+        if len(group) > 1:
+            self.batched_calls += 1
+        split = [state] if len(group) == 1 else flow.split_states(state, len(group))
+        return list(zip(split, mel, strict=True))
+
+    def _flow_commit(self, job: _Job, out: _Out) -> None:
+        state, mel = out
+        if state is not None:
+            job.stream.flow_state = state
+        job.mel = job.stream.stretcher.push(mel, job.final)
+
+    def _vocoder(self, group: list[_Job]) -> list[_Out]:
+        """PCM and the new vocoder state of each job."""
+        voc = self.model.vocoder
+        mels = [j.mel for j in group if j.mel is not None]
+        vstates = [j.stream.vocoder_state or voc.initial_state() for j in group]
+        state = vstates[0] if len(group) == 1 else voc.cat_states(vstates)
+        pcm, state = voc.forward_chunk(torch.stack(mels), state, group[0].final)
+        if len(group) > 1:
+            self.batched_calls += 1
+        split = [state] if len(group) == 1 else voc.split_states(state, len(group))
+        return list(zip(split, pcm, strict=True))
+
+    def _vocoder_commit(self, job: _Job, out: _Out) -> None:
+        state, pcm = out
+        job.stream.vocoder_state = state
+        self._finish(job, pcm.cpu().numpy().copy())
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
         frames: list[np.ndarray] = []

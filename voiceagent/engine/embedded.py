@@ -11,7 +11,7 @@ from ..model.contract import Voice
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
-from .acoustic import AcousticWorker
+from .acoustic import AcousticBatching, AcousticWorker
 from .lm_engine import EmbeddedLM, TokenStream
 
 
@@ -49,9 +49,12 @@ class EmbeddedEngine:
         threads: int | None = None,
         lm: LMBackend | None = None,
         metrics: Metrics | None = None,
+        acoustic_batching: AcousticBatching = "invariant",
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
-        the server exports the engine's."""
+        the server exports the engine's. `acoustic_batching`: "invariant" runs each
+        turn's chunks alone (audio bit-identical whatever runs beside it), "batched" runs
+        chunks of several turns as one batch (see engine/acoustic.py)."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model
@@ -59,7 +62,7 @@ class EmbeddedEngine:
         self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch)
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
-        self.acoustic = AcousticWorker(model, self.metrics)
+        self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching)
         self.metrics.info.info({"model": model.name, "engine": self.name})
 
     async def ready(self) -> bool:

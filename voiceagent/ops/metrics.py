@@ -216,7 +216,7 @@ class Metrics:
         )
         self.chunk_seconds = Histogram(
             "voiceagent_acoustic_chunk_seconds",
-            "Compute time of one batch of chunks, by stage (flow, vocoder)",
+            "Compute time of one chunk or one batch of chunks, by stage (flow, vocoder)",
             ["stage"],
             buckets=CHUNK_BUCKETS,
             registry=r,

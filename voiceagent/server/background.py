@@ -10,6 +10,7 @@ import time
 
 import uvicorn
 
+from ..engine.acoustic import AcousticBatching
 from ..engine.embedded import EmbeddedEngine, LMBackend
 from ..model.checkpoint import SpeechModel
 from .app import ServerConfig, VoiceServer, uvicorn_config
@@ -23,9 +24,13 @@ def free_port() -> int:
 
 class BackgroundServer:
     def __init__(
-        self, model: SpeechModel, config: ServerConfig, lm: LMBackend | None = None
+        self,
+        model: SpeechModel,
+        config: ServerConfig,
+        lm: LMBackend | None = None,
+        acoustic_batching: AcousticBatching = "invariant",
     ) -> None:
-        self.engine = EmbeddedEngine(model, lm=lm)
+        self.engine = EmbeddedEngine(model, lm=lm, acoustic_batching=acoustic_batching)
         self.voice_server = VoiceServer(self.engine, config)
         self._uvicorn = uvicorn.Server(uvicorn_config(self.voice_server, log_level="warning"))
         self._thread = threading.Thread(target=self._uvicorn.run, daemon=True)
