@@ -100,18 +100,24 @@ async def _events(
 ) -> AsyncGenerator[CarrierEvent, None]:
     yield CallerAudio(first_audio.payload)
     async for packet in packets:
-        if isinstance(packet, Stopped):
-            yield packet
+        event = packet if isinstance(packet, Stopped) else packet_event(packet)
+        yield event
+        if isinstance(event, Stopped):
             return
-        if packet.is_audio:
-            yield CallerAudio(packet.payload)
-        elif packet.kind == wire.Kind.DTMF:
-            yield Dtmf(packet.digit)
-        elif packet.kind == wire.Kind.HANGUP:
-            yield Stopped("hangup")
-            return
-        else:
-            yield Invalid(f"unexpected {packet.kind.name} packet")
+
+
+def packet_event(packet: wire.Packet) -> CarrierEvent:
+    """What a packet from Asterisk, after the first audio, tells the call."""
+    if packet.is_audio:
+        return CallerAudio(packet.payload)
+    if packet.kind == wire.Kind.DTMF:
+        try:
+            return Dtmf(packet.digit)
+        except ValueError as exc:
+            return Invalid(str(exc))
+    if packet.kind == wire.Kind.HANGUP:
+        return Stopped("hangup")
+    return Invalid(f"unexpected {packet.kind.name} packet")
 
 
 async def handle_audiosocket(
