@@ -336,8 +336,9 @@ def media_streams() -> Check:
 def audiosocket() -> Check:
     """An AudioSocket byte stream from Asterisk into AudioSocketDecoder.feed, split into
     reads of the size the first byte gives, and each packet into the carrier event the
-    call loop acts on (packet_event). The decoder returns the same packets however the
-    stream is split, or raises AudioSocketError and stays failed; nothing else raises."""
+    call loop acts on (packet_event, at the rate of the first audio packet). The decoder
+    returns the same packets however the stream is split, or raises AudioSocketError and
+    stays failed; nothing else raises."""
     from voiceagent.telephony import audiosocket_frames as wire
     from voiceagent.telephony.audiosocket import packet_event
 
@@ -366,12 +367,13 @@ def audiosocket() -> Check:
         # fails loses the packets before the error in it: the call ends there anyway)
         assert type(error) is type(whole_error)
         assert packets == whole if error is None else packets[: len(whole)] == whole
+        rate = next((p.sample_rate for p in packets if p.is_audio), 8000)  # the call's
         for packet in packets:
             assert packet.kind in wire.FROM_ASTERISK
             assert wire.encode(packet.kind, packet.payload)  # re-encodes: a valid packet
             if packet.kind == wire.Kind.UUID:
                 assert len(packet.uuid) == 36
-            _check_carrier_event(packet_event(packet), "audiosocket")
+            _check_carrier_event(packet_event(packet, rate), "audiosocket")
 
     return check
 

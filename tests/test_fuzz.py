@@ -72,6 +72,12 @@ REGRESSIONS: list[tuple[str, str, bytes]] = [
         b"\xff\x01\x00\x10" + bytes(range(16)) + b"\x03\x00\x01\xb1",
     ),
     (
+        "audiosocket",
+        "found: an audio packet of odd length (np.frombuffer's ValueError in the call)",
+        b"\x02\x01\x00\x10\x00\x01\x00\x00\x00\x16\x06\x00\x04\x00\x00\x00\x00\x00\x00\x00"
+        b"\x10\x00\x01\x04\x02\x03\x05\x07\x08\x01",
+    ),
+    (
         "call_bot",
         "found: session.attach nested past the recursion limit (RecursionError)",
         b'{"type":"session.attach","token":' + b"[" * 1500 + b"]" * 1500 + b"}",

@@ -98,17 +98,23 @@ async def _packets(
 async def _events(
     packets: AsyncGenerator[wire.Packet | Stopped, None], first_audio: wire.Packet
 ) -> AsyncGenerator[CarrierEvent, None]:
-    yield CallerAudio(first_audio.payload)
+    rate = first_audio.sample_rate
+    yield packet_event(first_audio, rate)
     async for packet in packets:
-        event = packet if isinstance(packet, Stopped) else packet_event(packet)
+        event = packet if isinstance(packet, Stopped) else packet_event(packet, rate)
         yield event
         if isinstance(event, Stopped):
             return
 
 
-def packet_event(packet: wire.Packet) -> CarrierEvent:
-    """What a packet from Asterisk, after the first audio, tells the call."""
+def packet_event(packet: wire.Packet, sample_rate: int) -> CarrierEvent:
+    """What a packet from Asterisk tells a call whose audio is at `sample_rate` (the rate
+    of its first audio packet)."""
     if packet.is_audio:
+        if len(packet.payload) % 2:
+            return Invalid(f"{len(packet.payload)} bytes of 16-bit audio")
+        if packet.sample_rate != sample_rate:
+            return Invalid(f"{packet.sample_rate} Hz audio in a {sample_rate} Hz call")
         return CallerAudio(packet.payload)
     if packet.kind == wire.Kind.DTMF:
         try:
