@@ -419,6 +419,7 @@ SessionMachine.TestCase.settings = settings(
     max_examples=300,
     stateful_step_count=50,
     derandomize=True,
+    database=None,  # nothing to replay: the same examples every run
     deadline=None,
     report_multiple_bugs=False,  # shrink the first failure only: a broken core reports fast
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
