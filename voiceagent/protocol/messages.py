@@ -6,6 +6,7 @@ Nothing here does I/O; a `ProtocolError` carries the code the client sees.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
@@ -115,7 +116,10 @@ class Setting:
         elif self.kind is float:
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise _invalid(f"{name} must be a number")
-            value = float(value)
+            try:
+                value = float(value)
+            except OverflowError:  # an integer past 1e308: out of any range
+                value = math.inf if value > 0 else -math.inf
         elif not isinstance(value, str):
             raise _invalid(f"{name} must be a string")
         if self.choices and value not in self.choices:

@@ -231,10 +231,14 @@ def _plain_fields(rest: str) -> dict[str, str]:
 
 
 def parse_event(text: str) -> Event:
-    """One text message from Asterisk, in either format (JSON if it starts with '{')."""
+    """One text message from Asterisk, in either format (JSON if it starts with '{').
+    Raises ValueError (only) for a message that is not a valid event."""
     text = text.strip()
     if text.startswith("{"):
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ValueError("JSON event nested too deeply") from None
         if not isinstance(data, dict):
             raise ValueError("JSON event is not an object")
         name = str(data.pop("event", ""))
@@ -247,37 +251,62 @@ def parse_event(text: str) -> Event:
     return _event(name, fields)
 
 
+def _int(value: Any) -> int:
+    """An integer field, as plain-text (a string) or JSON (a number) gives it."""
+    if isinstance(value, bool) or not isinstance(value, int | str | float):
+        raise ValueError(f"not an integer: {json.dumps(value)[:32]}")
+    try:
+        return int(value)
+    except OverflowError:  # float infinity
+        raise ValueError(f"not an integer: {value}") from None
+
+
+def _scalar(value: Any, what: str) -> str:
+    if isinstance(value, dict | list):
+        raise ValueError(f"'{what}' must be a string")
+    return str(value)
+
+
+def _variables(value: Any) -> dict[str, str]:
+    if not value:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("'channel_variables' must be an object")
+    return {str(k): _scalar(v, f"channel_variables.{k}") for k, v in value.items()}
+
+
 def _event(name: str, f: dict[str, Any]) -> Event:
     cid = f.get("channel_id")
+    cid = None if cid is None else _scalar(cid, "channel_id")
     try:
         if name == "MEDIA_START":
             return MediaStart(
-                connection_id=str(f["connection_id"]),
-                channel=str(f["channel"]),
-                format=str(f["format"]),
-                optimal_frame_size=int(f["optimal_frame_size"]),
-                ptime=int(f["ptime"]),
+                connection_id=_scalar(f["connection_id"], "connection_id"),
+                channel=_scalar(f["channel"], "channel"),
+                format=_scalar(f["format"], "format"),
+                optimal_frame_size=_int(f["optimal_frame_size"]),
+                ptime=_int(f["ptime"]),
                 channel_id=cid,
-                channel_variables=dict(f.get("channel_variables") or {}),
+                channel_variables=_variables(f.get("channel_variables")),
             )
         if name == "DTMF_END":
-            return DtmfEnd(str(f["digit"]), cid)
+            return DtmfEnd(_scalar(f["digit"], "digit"), cid)
         if name in _NO_DATA:
             return _NO_DATA[name](cid)
         if name in _WITH_ID:
-            return _WITH_ID[name](str(f.get("correlation_id", "")), cid)
+            return _WITH_ID[name](_scalar(f.get("correlation_id", ""), "correlation_id"), cid)
         if name == "STATUS":
             return Status(
-                queue_length=int(f["queue_length"]),
-                xon_level=int(f["xon_level"]),
-                xoff_level=int(f["xoff_level"]),
+                queue_length=_int(f["queue_length"]),
+                xon_level=_int(f["xon_level"]),
+                xoff_level=_int(f["xoff_level"]),
                 queue_full=_flag(f["queue_full"]),
                 bulk_media=_flag(f["bulk_media"]),
                 media_paused=_flag(f["media_paused"]),
                 channel_id=cid,
             )
         if name == "ERROR":
-            return Error(str(f.get("error_text", "")), cid)
+            return Error(_scalar(f.get("error_text", ""), "error_text"), cid)
     except KeyError as missing:
         raise ValueError(f"{name} without {missing}") from None
     return Unknown(name, f)

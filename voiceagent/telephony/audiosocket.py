@@ -98,20 +98,32 @@ async def _packets(
 async def _events(
     packets: AsyncGenerator[wire.Packet | Stopped, None], first_audio: wire.Packet
 ) -> AsyncGenerator[CarrierEvent, None]:
-    yield CallerAudio(first_audio.payload)
+    rate = first_audio.sample_rate
+    yield packet_event(first_audio, rate)
     async for packet in packets:
-        if isinstance(packet, Stopped):
-            yield packet
+        event = packet if isinstance(packet, Stopped) else packet_event(packet, rate)
+        yield event
+        if isinstance(event, Stopped):
             return
-        if packet.is_audio:
-            yield CallerAudio(packet.payload)
-        elif packet.kind == wire.Kind.DTMF:
-            yield Dtmf(packet.digit)
-        elif packet.kind == wire.Kind.HANGUP:
-            yield Stopped("hangup")
-            return
-        else:
-            yield Invalid(f"unexpected {packet.kind.name} packet")
+
+
+def packet_event(packet: wire.Packet, sample_rate: int) -> CarrierEvent:
+    """What a packet from Asterisk tells a call whose audio is at `sample_rate` (the rate
+    of its first audio packet)."""
+    if packet.is_audio:
+        if len(packet.payload) % 2:
+            return Invalid(f"{len(packet.payload)} bytes of 16-bit audio")
+        if packet.sample_rate != sample_rate:
+            return Invalid(f"{packet.sample_rate} Hz audio in a {sample_rate} Hz call")
+        return CallerAudio(packet.payload)
+    if packet.kind == wire.Kind.DTMF:
+        try:
+            return Dtmf(packet.digit)
+        except ValueError as exc:
+            return Invalid(str(exc))
+    if packet.kind == wire.Kind.HANGUP:
+        return Stopped("hangup")
+    return Invalid(f"unexpected {packet.kind.name} packet")
 
 
 async def handle_audiosocket(

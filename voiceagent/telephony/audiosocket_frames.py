@@ -25,6 +25,7 @@ from enum import IntEnum, IntFlag
 
 HEADER = struct.Struct("!BH")
 MAX_PAYLOAD = 0xFFFF  # the length field's limit
+DTMF_DIGITS = "0123456789*#ABCDabcd"
 
 
 class Kind(IntEnum):
@@ -123,7 +124,11 @@ class Packet:
 
     @property
     def digit(self) -> str:
-        return self.payload.decode("ascii")
+        """A DTMF packet's digit; ValueError if its byte is not one."""
+        digit = self.payload.decode("latin-1")
+        if len(digit) != 1 or digit not in DTMF_DIGITS:
+            raise ValueError(f"not a DTMF digit: {self.payload!r}")
+        return digit
 
 
 def _check_length(kind: Kind, length: int, max_payload: int) -> None:
@@ -159,7 +164,7 @@ def encode_audio(pcm: bytes, sample_rate: int = 8000) -> bytes:
 
 
 def encode_dtmf(digit: str) -> bytes:
-    if len(digit) != 1 or digit not in "0123456789*#ABCDabcd":
+    if len(digit) != 1 or digit not in DTMF_DIGITS:
         raise ValueError(f"not a DTMF digit: {digit!r}")
     return encode(Kind.DTMF, digit.encode("ascii"))
 

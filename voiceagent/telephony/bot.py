@@ -100,7 +100,7 @@ def parse_attach(text: str) -> dict[str, Any] | None:
     """The `session.attach` message, if `text` is one."""
     try:
         msg = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     return msg if isinstance(msg, dict) and msg.get("type") == "session.attach" else None
 

@@ -292,7 +292,7 @@ async def run_call(
 def _type(text: str) -> str | None:
     try:
         msg = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply
         return None
     kind = msg.get("type") if isinstance(msg, dict) else None
     return kind if isinstance(kind, str) else None

@@ -160,7 +160,7 @@ class JsonStream(Dialect):
         codec = _ENCODINGS.get(str(fmt.get("encoding", "")).lower())
         try:
             rate = int(fmt.get(self.f.rate, 8000))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: a JSON 1e400
             rate = 0
         if codec is None or rate not in ((8000,) if codec != "pcm16" else (8000, 16000)):
             return Invalid(f"unsupported media format {json.dumps(fmt)[:80]}")
@@ -280,7 +280,7 @@ def _event_message(text: str) -> dict[str, Any] | Invalid:
     """A JSON object with a string `event`, as both dialects' text messages are."""
     try:
         msg = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         return Invalid(f"not JSON: {exc}")
     if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
         return Invalid("a message needs a string 'event'")

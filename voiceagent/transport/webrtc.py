@@ -74,6 +74,39 @@ class OfferError(Exception):
         self.status = status
 
 
+def parse_offer(body: bytes, max_bytes: int) -> RTCSessionDescription:
+    """The offer in a POST body ({"sdp": ..., "type": "offer"}), checked before any network
+    work: JSON, aiortc's SDP parser, one audio m-line and one data channel. Raises
+    OfferError (with the code the client gets) for anything else."""
+    if len(body) > max_bytes:
+        raise OfferError("sdp_too_large", f"body larger than {max_bytes} bytes")
+    try:
+        obj = json.loads(body)
+    except (ValueError, RecursionError):
+        raise OfferError("invalid_json", "body must be JSON: {sdp, type}") from None
+    if not isinstance(obj, dict):
+        raise OfferError("invalid_json", "body must be a JSON object: {sdp, type}")
+    if obj.get("type") != "offer":
+        raise OfferError("invalid_sdp", "'type' must be \"offer\"")
+    sdp = obj.get("sdp")
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise OfferError("invalid_sdp", "'sdp' must be a non-empty string")
+    if not sdp.lstrip().startswith("v=0"):
+        raise OfferError("invalid_sdp", "'sdp' is not an SDP session description")
+    try:
+        parsed = aiortc_sdp.SessionDescription.parse(sdp)
+    except Exception as exc:  # aiortc's parser raises whatever it meets on junk
+        raise OfferError("invalid_sdp", f"'sdp' does not parse: {exc!r}"[:300]) from None
+    kinds = sorted(m.kind for m in parsed.media)
+    if kinds != ["application", "audio"]:
+        raise OfferError(
+            "invalid_sdp",
+            "the offer must hold exactly one audio m-line and one data channel "
+            f"(m=application); it has: {', '.join(kinds) or 'none'}",
+        )
+    return RTCSessionDescription(sdp=sdp, type="offer")
+
+
 # -- sessions ---------------------------------------------------------------------------
 
 
@@ -325,31 +358,7 @@ class WebRtcGateway:
                 raise OfferError(
                     "sdp_too_large", f"body larger than {self.config.max_body_bytes} bytes"
                 )
-        try:
-            obj = json.loads(body)
-        except (ValueError, RecursionError):
-            raise OfferError("invalid_json", "body must be JSON: {sdp, type}") from None
-        if not isinstance(obj, dict):
-            raise OfferError("invalid_json", "body must be a JSON object: {sdp, type}")
-        if obj.get("type") != "offer":
-            raise OfferError("invalid_sdp", "'type' must be \"offer\"")
-        sdp = obj.get("sdp")
-        if not isinstance(sdp, str) or not sdp.strip():
-            raise OfferError("invalid_sdp", "'sdp' must be a non-empty string")
-        if not sdp.lstrip().startswith("v=0"):
-            raise OfferError("invalid_sdp", "'sdp' is not an SDP session description")
-        try:
-            parsed = aiortc_sdp.SessionDescription.parse(sdp)
-        except Exception as exc:  # aiortc's parser raises whatever it meets on junk
-            raise OfferError("invalid_sdp", f"'sdp' does not parse: {exc!r}"[:300]) from None
-        kinds = sorted(m.kind for m in parsed.media)
-        if kinds != ["application", "audio"]:
-            raise OfferError(
-                "invalid_sdp",
-                "the offer must hold exactly one audio m-line and one data channel "
-                f"(m=application); it has: {', '.join(kinds) or 'none'}",
-            )
-        return RTCSessionDescription(sdp=sdp, type="offer")
+        return parse_offer(bytes(body), self.config.max_body_bytes)
 
     async def _negotiate(
         self, session: WebRtcSession, offer: RTCSessionDescription
