@@ -414,3 +414,123 @@ def test_a_server_survives_a_socket_fuzz_and_answers_every_message(
     assert deliberate == {"invalid utf-8 text": 1007, "over the cap": 1009}
     assert not tracebacks, [r.getMessage() for r in tracebacks]
     assert len(utf8) == 1 and len(errors) == 1, [r.getMessage() for r in errors]
+
+
+# -- WebRTC offers -----------------------------------------------------------------------
+
+OFFERS = 400
+OFFER_SEEDS = [
+    (Path(__file__).parent / "data" / "fuzz" / "webrtc_offer" / name).read_bytes().decode()
+    for name in ("aiortc_sdp", "browser_sdp")
+]
+SDP_LINES = [
+    "a=rtpmap:111 opus/48000/2", "a=rtpmap:96 opus/48000", "a=rtpmap:0 PCMU/8000",
+    "a=rtpmap:111 opus/8000/1", "a=rtpmap:126 telephone-event/8000", "a=fmtp:111 x",
+    "a=rtcp-fb:111 nack", "a=ssrc:1 cname:x", "a=ssrc-group:FID 1 2", "a=mid:0", "a=mid:",
+    "a=setup:active", "a=setup:passive", "a=setup:holdconn", "a=sendonly", "a=recvonly",
+    "a=inactive", "a=sctp-port:0", "a=sctp-port:x", "a=max-message-size:-1",
+    "a=candidate:1 1 udp 1 1.2.3.4 9 typ host", "a=fingerprint:sha-1 00",
+    "a=fingerprint:md5 AA", "a=ice-lite", "a=group:BUNDLE 0", "a=group:BUNDLE 5 6",
+    "a=extmap:1 x", "a=rtcp-mux", "c=IN IP6 ::1", "m=audio 9 UDP/TLS/RTP/SAVPF 111",
+    "m=audio 0 UDP/TLS/RTP/SAVPF 0", "m=application 9 UDP/DTLS/SCTP webrtc-datachannel",
+    "a=msid:- -", "a=ice-ufrag:", "a=ice-pwd:", "a=rtcp:9 IN IP4 0.0.0.0",
+]  # fmt: skip
+# Offers that parsed but broke aiortc after the answer (its connect task raised, or
+# closing the peer connection failed half way): each is now refused up front.
+
+
+def _without_app_ice(sdp: str) -> str:
+    audio, app = sdp.split("m=application", 1)
+    app = re.sub(r"a=ice-(ufrag|pwd):[^\r]*\r\n", "", app)
+    return audio + "m=application" + app
+
+
+BROKEN_OFFERS: dict[str, Callable[[str], str]] = {
+    "an empty a=mid": lambda sdp: sdp.replace("a=mid:0\r\n", "a=mid:0\r\na=mid:\r\n", 1),
+    "a data channel without ICE credentials": _without_app_ice,
+    "two BUNDLE groups": lambda sdp: sdp.replace(
+        "a=group:BUNDLE 0 1\r\n", "a=group:BUNDLE 0 1\r\na=group:BUNDLE 0\r\n", 1
+    ),
+}
+
+
+def mutate_sdp(rng: random.Random, sdp: str) -> str:
+    """An offer with one to four lines dropped, cut, repeated, added or replaced."""
+    lines = sdp.strip("\r\n").split("\r\n")
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(1, len(lines))
+        how = rng.randrange(5)
+        if how == 0:
+            del lines[i]
+        elif how == 1:
+            lines.insert(i, rng.choice(SDP_LINES))
+        elif how == 2:
+            lines[i] = lines[i][: rng.randrange(len(lines[i]) + 1)]
+        elif how == 3:
+            lines.insert(i, lines[rng.randrange(len(lines))])
+        else:
+            lines[i] = rng.choice(SDP_LINES)
+    return "\r\n".join(lines) + "\r\n"
+
+
+def open_fds() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+def test_mutated_webrtc_offers_get_an_answer_or_invalid_sdp_and_leave_nothing_behind(
+    make_server: Callable[..., BackgroundServer],
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """OFFERS mutated SDP offers to POST /v1/webrtc/offer: each gets an answer (200) or
+    a 4xx with a code, never a 500; the peers never connect, so each session closes at
+    the connect deadline; then no session, socket or file is left, and no ERROR was
+    logged (aiortc's background tasks included)."""
+    from voiceagent.transport.webrtc import WebRtcConfig
+
+    caplog.set_level(logging.WARNING)
+    server = make_server(max_sessions=OFFERS + 8, webrtc=WebRtcConfig(connect_timeout_s=0.3))
+    gateway = server.voice_server.webrtc
+    rng = random.Random(SEED)
+    fds_before = open_fds()
+
+    async def go() -> Counter[tuple[int, str]]:
+        statuses: Counter[tuple[int, str]] = Counter()
+        async with httpx.AsyncClient(timeout=30) as http:
+            url = f"{server.http}/v1/webrtc/offer"
+            for why, broken in BROKEN_OFFERS.items():
+                sdp = broken(OFFER_SEEDS[0])
+                assert sdp != OFFER_SEEDS[0]
+                reply = await http.post(url, json={"type": "offer", "sdp": sdp})
+                assert reply.status_code == 400, (why, reply.text)
+                assert reply.json()["code"] == "invalid_sdp", why
+            for n in range(OFFERS):
+                sdp = rng.choice(OFFER_SEEDS)
+                sdp = sdp if n % 20 == 0 else mutate_sdp(rng, sdp)
+                reply = await http.post(url, json={"type": "offer", "sdp": sdp})
+                body = reply.json()
+                statuses[reply.status_code, body.get("code", body.get("type", "?"))] += 1
+                assert reply.status_code == 200 or 400 <= reply.status_code < 500, (
+                    reply.status_code,
+                    body,
+                    sdp,
+                )
+        deadline = time.monotonic() + 30
+        while gateway.sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return statuses
+
+    statuses = run(go())
+    time.sleep(0.5)  # the closed peers' transports let go of their sockets
+    fds_after = open_fds()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    with capsys.disabled():
+        print(
+            f"\nwebrtc offers: {OFFERS} ({dict(statuses)}); sessions left {len(gateway.sessions)}, "
+            f"open files {fds_before} before, {fds_after} after; ERROR records {len(errors)}"
+        )
+    assert statuses[200, "answer"] >= OFFERS // 20  # the unmutated ones at least
+    assert not gateway.sessions and server.voice_server.admission.sessions == 0
+    assert fds_after <= fds_before + 4, "sockets or files left behind"
+    assert not errors, [(r.getMessage(), r.exc_text) for r in errors]
+    assert httpx.get(f"{server.http}/healthz", timeout=10).status_code == 200

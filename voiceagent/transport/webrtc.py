@@ -104,6 +104,19 @@ def parse_offer(body: bytes, max_bytes: int) -> RTCSessionDescription:
             "the offer must hold exactly one audio m-line and one data channel "
             f"(m=application); it has: {', '.join(kinds) or 'none'}",
         )
+    # What aiortc needs but does not check itself: without it, its connect task fails
+    # after we answered (an ERROR with a traceback), or closing the peer connection fails.
+    mids = [m.rtp.muxId for m in parsed.media]
+    if not all(mids) or len(set(mids)) != len(mids):
+        raise OfferError("invalid_sdp", "each m-line needs an a=mid of its own")
+    bundles = [g for g in parsed.group if g.semantic == "BUNDLE"]
+    if len(bundles) > 1 or any(not {str(i) for i in g.items} <= set(mids) for g in bundles):
+        raise OfferError("invalid_sdp", "one a=group:BUNDLE at most, of the offer's mids")
+    for m in parsed.media:
+        if not (m.ice and m.ice.usernameFragment and m.ice.password):
+            raise OfferError("invalid_sdp", f"m={m.kind} has no a=ice-ufrag and a=ice-pwd")
+        if not (m.dtls and m.dtls.fingerprints):
+            raise OfferError("invalid_sdp", f"m={m.kind} has no a=fingerprint and a=setup")
     return RTCSessionDescription(sdp=sdp, type="offer")
 
 
