@@ -204,7 +204,9 @@ def test_cancel_stops_audio_at_once_and_frees_the_turn(make_server):
     event, received, total, late, after, _ = run(go())
     assert event["turn_id"] == "a"
     assert event["sent_ms"] == 20 * total  # the client got exactly what the server counted
-    assert total - received <= 2  # stopped within the frames already in flight
+    # stopped within what was already on its way: at most the 200 ms sent ahead of real
+    # time (a busy client reads late, so all of it may still be in its socket)
+    assert total - received <= 200 // 20 + 2
     assert late == []
     assert after.event("turn.done")["turn"] == 2
     assert server.engine.lm.load == 0  # the LM request was dropped with the turn

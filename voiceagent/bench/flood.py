@@ -93,6 +93,7 @@ async def flood_until_stopped(url: str, connections: int) -> int:
     """Run `connections` flooders until SIGTERM; the messages sent."""
     stop, sent = asyncio.Event(), [0]
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    print("flooding", flush=True)  # the parent waits for this line before it measures
     await asyncio.gather(*(flooder(url, stop, sent) for _ in range(connections)))
     return sent[0]
 
@@ -116,6 +117,9 @@ async def run_phase(base: str, url: str, turns: int, flooders: int) -> Phase:
         code += "print(asyncio.run(flood_until_stopped(sys.argv[1], int(sys.argv[2]))))"
         cmd = [sys.executable, "-c", code, url, str(flooders)]
         flood = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert flood.stdout is not None
+        started = await asyncio.wait_for(asyncio.to_thread(flood.stdout.readline), 120)
+        assert started.strip() == "flooding", started
         await asyncio.sleep(1.0)  # the flood is on before the victim speaks
     try:
         await victim(url, turns, phase)
