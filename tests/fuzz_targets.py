@@ -18,6 +18,7 @@ import contextlib
 import json
 import re
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import astuple, dataclass, replace
 from pathlib import Path
@@ -131,18 +132,7 @@ def _check_actions(actions: list[Any], codes: set[str]) -> list[dict[str, Any]]:
     has a stable code. Returns the error events."""
     from voiceagent.protocol import actions as A
 
-    kinds = (
-        A.SendEvent,
-        A.SendAudio,
-        A.OpenTurn,
-        A.AppendText,
-        A.FlushText,
-        A.EndText,
-        A.CancelTurn,
-        A.ListenerPlayed,
-        A.MicAudio,
-        A.SetGain,
-    )
+    kinds = typing.get_args(A.Action)  # every action type of actions.py
     assert isinstance(actions, list), actions
     errors = []
     for action in actions:

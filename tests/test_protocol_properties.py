@@ -19,6 +19,7 @@ core's private state. Derandomized, with bounded examples: the same run every ti
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 from hypothesis import HealthCheck, settings
@@ -40,18 +41,7 @@ from voiceagent.protocol.session import Catalog, Limits, SessionCore
 CATALOG = Catalog(voices=("agent", "narrator"), model={"name": "prop"}, default_voice="agent")
 LIMITS = Limits(max_message_bytes=2048, max_text_chars=120, max_turns=3, max_audio_bytes=256)
 CODES = {c.value for c in ErrorCode}
-ACTION_TYPES = (
-    A.SendEvent,
-    A.SendAudio,
-    A.OpenTurn,
-    A.AppendText,
-    A.FlushText,
-    A.EndText,
-    A.CancelTurn,
-    A.ListenerPlayed,
-    A.MicAudio,
-    A.SetGain,
-)
+ACTION_TYPES = typing.get_args(A.Action)  # every action type of actions.py
 TERMINAL = ("turn.done", "turn.cancelled")
 
 # -- strategies ---------------------------------------------------------------------------
