@@ -94,7 +94,11 @@ async def flood_until_stopped(url: str, connections: int) -> int:
     stop, sent = asyncio.Event(), [0]
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     print("flooding", flush=True)  # the parent waits for this line before it measures
-    await asyncio.gather(*(flooder(url, stop, sent) for _ in range(connections)))
+    tasks = [asyncio.create_task(flooder(url, stop, sent)) for _ in range(connections)]
+    await stop.wait()
+    for task in tasks:  # a flooder may be blocked in a send the server does not read
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     return sent[0]
 
 
@@ -128,7 +132,11 @@ async def run_phase(base: str, url: str, turns: int, flooders: int) -> Phase:
         await pinger
         if flood is not None:
             flood.terminate()
-            out, _ = flood.communicate(timeout=30)
+            try:
+                out, _ = flood.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                flood.kill()
+                out, _ = flood.communicate()
             phase.flood_messages = int(out.strip() or 0)
     return phase
 

@@ -209,7 +209,8 @@ async def _handle(runner: SessionRunner, transport: WebSocketTransport, message:
 
 
 async def _end(host: SessionHost, transport: WebSocketTransport, code: ErrorCode) -> None:
-    """The server closes the session: say why (unless the client stopped reading), 1008."""
+    """The server closes the session: say why (unless the client stopped reading), then
+    close with 1008 (a flooder's connection is dropped instead)."""
     host.engine.metrics.closed.labels(str(code)).inc()
     log.info("session %s closed: %s", transport.core.session_id, code)
     if code is ErrorCode.SLOW_CONSUMER:
@@ -217,6 +218,10 @@ async def _end(host: SessionHost, transport: WebSocketTransport, code: ErrorCode
     host.engine.metrics.errors.labels(str(code)).inc()
     with contextlib.suppress(Exception):
         await transport.ws.send_text(json.dumps(error_event(code, CLOSING[code])))
+        if code is ErrorCode.RATE_LIMITED:
+            # No close handshake: while uvicorn waited for a flooder's close reply it would
+            # go on reading (and parsing) the flood. Returning drops the connection now.
+            return
         await transport.ws.close(CloseCode.POLICY_VIOLATION, str(code))
 
 
