@@ -15,7 +15,7 @@ import sys
 from typing import IO, Any, Literal
 
 import structlog
-from structlog.contextvars import bind_contextvars, unbind_contextvars
+from structlog.contextvars import bind_contextvars
 
 LogFormat = Literal["text", "json"]
 LEVELS = ("debug", "info", "warning", "error")
@@ -70,7 +70,3 @@ def bind(**ids: str) -> None:
     """Attach ids (session_id, turn_id, call_id) to every record of the current task and
     of the tasks it starts from now on."""
     bind_contextvars(**ids)
-
-
-def unbind(*names: str) -> None:
-    unbind_contextvars(*names)

@@ -38,13 +38,11 @@ CHUNK_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
-# How a turn ended: finished, cancelled by the client, cut by the listener's speech,
-# failed (an error event for the turn), or dropped because its session closed.
-OUTCOMES = ("done", "cancelled", "barge_in", "failed", "closed")
-
 
 def turn_outcome(event: dict[str, Any]) -> str | None:
-    """The outcome of the turn a protocol event ends (None: the event ends no turn)."""
+    """The outcome of the turn a protocol event ends (None: the event ends no turn):
+    done, cancelled (by the client), barge_in (the listener's speech) or failed. A turn
+    dropped because its session closed is counted as "closed" by the runner."""
     kind = event.get("type")
     if kind == "turn.done":
         return "done"
