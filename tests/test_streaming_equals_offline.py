@@ -18,7 +18,7 @@ from voiceagent.model.contract import PAD_TOKEN
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.stretch import MelStretcher
-from voiceagent.pipeline.turn import FrameFormat, Turn, TurnSettings
+from voiceagent.pipeline.turn import FrameFormat, Turn, TurnFailed, TurnSettings
 
 TOL = 1e-5
 
@@ -81,7 +81,7 @@ async def _run_turn(
     turn.push_text(text)
     turn.end_text()
     while (item := await turn.output.get()) is not None:
-        assert isinstance(item, np.ndarray), item
+        assert not isinstance(item, TurnFailed), item
     return turn
 
 

@@ -90,7 +90,7 @@ def _say(args: argparse.Namespace) -> int:
     from .audio.wav import write_wav
     from .engine.embedded import EmbeddedEngine
     from .model.sampling import SamplingParams
-    from .pipeline.turn import FrameFormat, Turn, TurnSettings
+    from .pipeline.turn import FrameFormat, Turn, TurnFailed, TurnSettings
 
     model = load_model(args.model, args.device)
     if args.voice not in model.voices:
@@ -121,9 +121,10 @@ def _say(args: argparse.Namespace) -> int:
         turn.end_text()
         frames = []
         while (item := await turn.output.get()) is not None:
-            if not isinstance(item, np.ndarray):
+            if isinstance(item, TurnFailed):
                 raise RuntimeError(str(item))
-            frames.append(encoder.encode(item))
+            if isinstance(item, np.ndarray):  # (not a segment's timing)
+                frames.append(encoder.encode(item))
         return frames, np.concatenate(turn.pcm or [np.zeros(0, np.float32)])
 
     engine.start()

@@ -2,7 +2,9 @@
 
 A credential is an API key (keys.py) or a session token (tokens.py), sent as
 `Authorization: Bearer …`, or as the `token` query parameter where a header cannot be
-set (a browser's WebSocket, a carrier's stream URL). `AuthMiddleware` checks it before
+set (a browser's WebSocket, a carrier's stream URL). The drop-in APIs' clients send it
+their own way, and are understood: `X-API-Key` or `?api_key=` (Cartesia), `xi-api-key`
+or `?xi_api_key=` (ElevenLabs). `AuthMiddleware` checks it before
 any route runs, so a refused WebSocket is answered with an HTTP 401/403 before the
 upgrade; the caller's `Principal` is left in the scope for the route.
 """
@@ -150,7 +152,7 @@ def need(path: str, gate: Gate, twilio_signed: bool) -> Need:
         return "api_key"  # a token cannot mint tokens (nor outlive its own expiry)
     if path == "/v1/telephony/twilio" and twilio_signed:
         return "nothing"  # X-Twilio-Signature is checked by the stream server
-    if path.startswith("/v1/"):
+    if path.startswith(("/v1/", "/tts/")):  # /tts/: the Cartesia-compatible entries
         return "credential"
     if path == "/metrics" and gate.config.metrics == "required":
         return "credential"
@@ -163,7 +165,10 @@ def query_names(path: str) -> tuple[str, ...]:
     (the one its bot attaches with)."""
     if path.startswith("/v1/telephony/"):
         return ("access_token",)
-    return ("access_token", "token")
+    return ("access_token", "token", "api_key", "xi_api_key")
+
+
+KEY_HEADERS = (b"x-api-key", b"xi-api-key")  # Cartesia's and ElevenLabs' clients
 
 
 def credential_of(scope: Scope) -> str | None:
@@ -172,6 +177,8 @@ def credential_of(scope: Scope) -> str | None:
             kind, _, credential = value.decode("latin-1").partition(" ")
             if kind.lower() == "bearer" and credential.strip():
                 return credential.strip()
+        elif name in KEY_HEADERS and value.strip():
+            return value.decode("latin-1").strip()
     names = query_names(scope["path"])
     for name, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
         if name in names:

@@ -15,6 +15,8 @@ import asyncio
 import time
 from typing import Any
 
+import numpy as np
+
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import MAX_BACKLOG, EmbeddedLM
 from ..model.sampling import SamplingParams
@@ -38,10 +40,14 @@ async def _cut_turn(
     turn.push_text(TEXT)
     turn.end_text()
     start = time.monotonic()
-    for n in range(1, int(listen_s / FRAME_S) + 1):  # a listener plays it in real time
-        if await turn.output.get() is None:
+    n = 0
+    while n < int(listen_s / FRAME_S):  # a listener plays it in real time
+        item = await turn.output.get()
+        if item is None:
             break
-        await asyncio.sleep(max(0.0, start + n * FRAME_S - time.monotonic()))
+        if isinstance(item, np.ndarray):  # (not a segment's timing)
+            n += 1
+            await asyncio.sleep(max(0.0, start + n * FRAME_S - time.monotonic()))
     turn.close()  # the barge-in
     await turn.wait()
     return turn

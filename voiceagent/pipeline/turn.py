@@ -25,6 +25,7 @@ from ..model.sampling import SamplingParams
 from ..ops.logs import bind
 from ..text.normalize import normalize
 from ..text.segmenter import Segmenter, SegmenterConfig
+from ..text.timing import SpokenSegment
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,9 @@ class TurnFailed(Exception):
 
 
 # Items of `Turn.output`: a 20 ms frame of float32 PCM at the output rate (the sender
-# encodes it when it is due), a failure, or None at the end.
-OutputItem = np.ndarray | TurnFailed | None
+# encodes it when it is due), where a segment's words fall in the turn's audio (once its
+# speech tokens are known, before its last audio), a failure, or None at the end.
+OutputItem = np.ndarray | SpokenSegment | TurnFailed | None
 
 
 class Turn:
@@ -221,6 +223,7 @@ class Turn:
         final = False
         while (segment := await self._segments.get()) is not None:
             pending: list[int] = []
+            first = len(self.tokens)
             async for new in (lm := await self._tokens_of(segment)):
                 self.tokens += new
                 pending += new
@@ -228,6 +231,7 @@ class Turn:
                     await self._chunk(pending[: n + look], final=False)
                     pending = pending[n:]
             self.stats.cached_tokens += lm.cached_tokens
+            await self._spoken(segment, first)
             # End of segment: the tail gets zero lookahead; flow state carries on. It is
             # the turn's last chunk when only the end marker is left in the queue.
             final = self._text_ended and self._segments.qsize() == 1
@@ -239,9 +243,15 @@ class Turn:
         """Naive baseline: all tokens first, then all audio (for benchmarks)."""
         look = self.engine.model.pre_lookahead
         while (segment := await self._segments.get()) is not None:
+            first = len(self.tokens)
             async for new in await self._tokens_of(segment):
                 self.tokens += new
+            await self._spoken(segment, first)
         await self._chunk(self.tokens + [PAD_TOKEN] * look, final=True)
+
+    async def _spoken(self, segment: str, first: int) -> None:
+        spoken = SpokenSegment.of_tokens(segment, first, len(self.tokens), self.settings.speed)
+        await self.output.put(spoken)
 
     async def _chunk(self, tokens: list[int], final: bool) -> None:
         assert self._acoustic is not None

@@ -36,6 +36,9 @@ class ErrorCode(StrEnum):
     UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
     CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call
     INVALID_CARRIER_MESSAGE = "invalid_carrier_message"  # the carrier broke its schema
+    # the drop-in APIs (docs/compat.md)
+    UNKNOWN_MODEL = "unknown_model"  # a model name the server does not offer
+    UNKNOWN_CONTEXT = "unknown_context"  # a context id that is not open on this socket
     SYNTHESIS_FAILED = "synthesis_failed"
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the LM server (SGLang) cannot be reached
     INTERNAL_ERROR = "internal_error"

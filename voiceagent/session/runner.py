@@ -38,6 +38,7 @@ from ..protocol.session import (
     SessionCore,
     SetGain,
 )
+from ..text.timing import SpokenSegment
 from .admission import Admission
 from .playout import Heard, PlayoutConfig, TurnPlayout
 from .port import Transport
@@ -323,6 +324,8 @@ class SessionRunner:
                     code = ErrorCode(item.code)
                     await self.execute(self.core.turn_failed(num, code, str(item)))
                     return
+                if isinstance(item, SpokenSegment):
+                    continue  # sessions do not send word timing yet
                 now = time.monotonic()
                 if start is None:
                     start = now

@@ -1,0 +1,1 @@
+"""Drop-in APIs: the OpenAI, Cartesia and ElevenLabs clients people already run."""

@@ -1,0 +1,207 @@
+"""The WebSocket side shared by the streaming drop-in APIs (Cartesia's `/tts/websocket`,
+ElevenLabs' multi-context input streaming): one socket carries several utterances, each
+named by the client ("contexts"), synthesized side by side and sent as fast as they are
+made.
+
+The dialect (cartesia.py, elevenlabs.py) parses messages and formats replies; this module
+owns what every socket needs: the connection and session slots (it is a session for
+admission, drain and quotas), the message rate, the idle timeout, the slow reader, and
+one pump task per context that is dropped on cancel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..auth.gate import Principal, principal_of
+from ..protocol.errors import CloseCode, ErrorCode
+from ..session.port import SessionHost
+from ..text.timing import SpokenSegment
+from ..transport.guard import MessageGate, Verdict
+from ..transport.websocket import rate_limited_response
+from .utterance import ApiError, SpeechOptions, Utterance
+
+log = logging.getLogger(__name__)
+
+
+class ContextSocket(ABC):
+    api: str  # the metrics' transport label
+    drains_when_idle = True  # a draining server closes the socket once no context is live
+
+    def __init__(self, host: SessionHost, ws: WebSocket, principal: Principal) -> None:
+        self.host = host
+        self.ws = ws
+        self.principal = principal
+        self.contexts: dict[str, Utterance] = {}
+        self._pumps: dict[str, asyncio.Task[None]] = {}
+        self.stalled = False
+        self.reader: asyncio.Task[Any] | None = None  # the socket's read loop
+
+    # -- for the dialect ------------------------------------------------------------------
+
+    @abstractmethod
+    async def on_text(self, text: str) -> None:
+        """One text message from the client."""
+
+    @abstractmethod
+    async def send_audio(self, context_id: str, pcm: np.ndarray) -> None:
+        """Audio of a context, float32 at the context's rate, as soon as it is made."""
+
+    @abstractmethod
+    async def send_timing(self, context_id: str, segment: SpokenSegment) -> None:
+        """Where a segment's words fall in the context's audio (if the client asked)."""
+
+    @abstractmethod
+    async def send_done(self, context_id: str) -> None:
+        """The context's last audio has been sent."""
+
+    @abstractmethod
+    async def send_error(self, context_id: str | None, error: ApiError) -> None:
+        """A refusal or failure, of one context or of the socket."""
+
+    def open(self, context_id: str, options: SpeechOptions) -> Utterance:
+        """A new context (raises ApiError: unknown voice, server busy, ...)."""
+        utterance = Utterance(self.host, self.principal, options, self.api, context_id)
+        self.contexts[context_id] = utterance
+        self._pumps[context_id] = asyncio.get_running_loop().create_task(
+            self._pump(context_id, utterance)
+        )
+        return utterance
+
+    def cancel(self, context_id: str) -> bool:
+        """Stop a context at once: nothing more of it is sent. False: no such context."""
+        utterance = self.contexts.pop(context_id, None)
+        pump = self._pumps.pop(context_id, None)
+        if pump is not None:
+            pump.cancel()
+        if utterance is None:
+            return False
+        utterance.close()
+        return True
+
+    async def send_json(self, message: dict[str, Any]) -> None:
+        """Send one message; a client that stopped reading for `send_timeout_s` ends the
+        socket (its buffers are full: nothing more reaches it)."""
+        try:
+            async with asyncio.timeout(self.host.guard.send_timeout_s):
+                await self.ws.send_text(json.dumps(message))
+        except TimeoutError:
+            self.stalled = True
+            if self.reader not in (None, asyncio.current_task()):
+                self.reader.cancel()  # it waits for the client's next message
+            raise ConnectionError("the client stopped reading") from None
+        except (RuntimeError, WebSocketDisconnect) as exc:
+            raise ConnectionError("the connection is closed") from exc
+
+    # -- for admission and drain (a LiveSession) ------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.contexts
+
+    @property
+    def transport(self) -> ContextSocket:
+        return self
+
+    async def close(self, code: int, reason: str) -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close(code, reason)
+
+    # -- inside ---------------------------------------------------------------------------
+
+    async def _pump(self, context_id: str, utterance: Utterance) -> None:
+        try:
+            async for piece in utterance.pieces():
+                if isinstance(piece, SpokenSegment):
+                    await self.send_timing(context_id, piece)
+                else:
+                    await self.send_audio(context_id, piece)
+            await self.send_done(context_id)
+        except ApiError as exc:
+            with contextlib.suppress(ConnectionError):
+                await self.send_error(context_id, exc)
+        except ConnectionError:
+            pass  # the socket is going; the loop below ends it
+        except Exception:
+            log.exception("%s context failed", self.api)
+        finally:
+            utterance.close()
+            if self._pumps.get(context_id) is asyncio.current_task():
+                del self._pumps[context_id]
+                del self.contexts[context_id]
+
+    def close_all(self) -> None:
+        for context_id in list(self.contexts):
+            self.cancel(context_id)
+
+
+async def serve_context_socket(host: SessionHost, ws: WebSocket, socket: ContextSocket) -> None:
+    """Accept and run one socket: the same protection as a session's (transport/guard.py)."""
+    loop = asyncio.get_running_loop()
+    guard = host.guard
+    if not host.connections.admit(ws.client.host if ws.client else None, loop.time()):
+        host.engine.metrics.refused.labels(str(ErrorCode.RATE_LIMITED)).inc()
+        await ws.send_denial_response(rate_limited_response())
+        return
+    await ws.accept()
+    tenant = principal_of(ws).tenant
+    refusal = host.admission.admit(socket.api, tenant)
+    if refusal is not None:
+        await socket.send_error(None, ApiError(refusal.code, refusal.message))
+        await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
+        return
+    host.admission.runners.add(socket)
+    socket.reader = asyncio.current_task()
+    gate = MessageGate(guard)
+    ended: ErrorCode | None = None
+    try:
+        while ended is None:
+            idle_s = guard.idle_timeout_s
+            try:
+                async with asyncio.timeout(idle_s if idle_s > 0 else None):
+                    message = await ws.receive()
+            except TimeoutError:
+                if socket.idle:
+                    ended = ErrorCode.IDLE_TIMEOUT
+                continue
+            if message["type"] == "websocket.disconnect":
+                break
+            verdict = gate.check(loop.time())
+            if verdict is Verdict.CLOSE:
+                ended = ErrorCode.RATE_LIMITED
+                continue
+            await asyncio.sleep(gate.delay)  # over the rate: TCP holds the client back
+            text = message.get("text")
+            if text is None:
+                error = ApiError(ErrorCode.UNEXPECTED_BINARY, "this socket takes JSON text")
+                await socket.send_error(None, error)
+                continue
+            await socket.on_text(text)
+    except (WebSocketDisconnect, ConnectionError):
+        pass
+    except asyncio.CancelledError:
+        if not socket.stalled:
+            raise
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+    except Exception:
+        log.exception("%s socket failed", socket.api)
+    finally:
+        socket.close_all()
+        host.admission.runners.discard(socket)
+        host.admission.release(socket.api, tenant)
+    if socket.stalled:
+        ended = ErrorCode.SLOW_CONSUMER
+    if ended is not None:
+        host.engine.metrics.closed.labels(str(ended)).inc()
+        if ended is not ErrorCode.SLOW_CONSUMER:
+            with contextlib.suppress(Exception):
+                await socket.send_error(None, ApiError(ended, f"socket closed: {ended}"))
+                await ws.close(CloseCode.POLICY_VIOLATION, str(ended))

@@ -1,0 +1,215 @@
+"""OpenAI-compatible speech: `POST /v1/audio/speech` and `GET /v1/models`, so the OpenAI
+SDK (and anything built on it) works with only its base URL, key and voice changed.
+
+The body is OpenAI's: `model`, `input`, `voice` (a name or `{"id": ...}`),
+`response_format`, `speed`, `instructions`, `stream_format` (`audio` | `sse`); plus
+`language` and `seed`, ours. Audio streams as it is synthesized, encoded on the fly
+(audio/containers.py). What differs from OpenAI is in docs/compat.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
+
+from ..audio.containers import make_stream_encoder
+from ..auth.gate import principal_of
+from ..model.sampling import SamplingParams
+from ..protocol.errors import ErrorCode
+from ..protocol.messages import LANGUAGES
+from ..session.port import SessionHost
+from .utterance import ApiError, SpeechOptions, Utterance
+
+log = logging.getLogger(__name__)
+
+MAX_INPUT_CHARS = 4096  # OpenAI's limit
+FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+# Model names OpenAI clients send; each means the model this server runs.
+MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+# What the request may carry; anything else is refused, so a typo does not pass silently.
+FIELDS = {
+    "model",
+    "input",
+    "voice",
+    "response_format",
+    "speed",
+    "instructions",
+    "stream_format",
+    "language",
+    "seed",
+}
+IGNORED_HEADER = "X-Voiceagent-Ignored"
+
+
+def openai_routes(host: SessionHost) -> list[BaseRoute]:
+    api = OpenAISpeech(host)
+    return [
+        Route("/v1/audio/speech", api.speech, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+    ]
+
+
+def openai_error(error: ApiError) -> JSONResponse:
+    """The error shape OpenAI's SDKs parse (`error.message`, `error.code`), with our
+    stable code."""
+    kind = "server_error" if error.status >= 500 else "invalid_request_error"
+    body = {"error": {"message": error.message, "type": kind, "param": None, "code": error.code}}
+    headers = {"Retry-After": "2"} if error.status in (429, 503) else None
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(ErrorCode.INVALID_PARAMETER, message)
+
+
+class SpeechRequest:
+    """A checked `/v1/audio/speech` body."""
+
+    def __init__(self, body: Any, model_names: tuple[str, ...]) -> None:
+        if not isinstance(body, dict):
+            raise ApiError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
+        unknown = sorted(set(body) - FIELDS)
+        if unknown:
+            raise _invalid(f"unknown field(s): {', '.join(unknown)}")
+        model = body.get("model")
+        if model not in model_names:
+            raise ApiError(
+                ErrorCode.UNKNOWN_MODEL,
+                f"unknown model {str(model)[:80]!r}; available: {', '.join(model_names)}",
+                404,
+            )
+        text = body.get("input")
+        if not isinstance(text, str) or not text.strip():
+            raise _invalid("input must be a non-empty string")
+        if len(text) > MAX_INPUT_CHARS:
+            raise ApiError(
+                ErrorCode.TEXT_TOO_LONG, f"input has {len(text)} characters; at most 4096"
+            )
+        self.input = text
+        voice = body.get("voice")
+        if isinstance(voice, dict):
+            voice = voice.get("id")
+        if not isinstance(voice, str) or not voice:
+            raise _invalid('voice must be a voice name or {"id": "..."}')
+        self.voice = voice
+        self.format = body.get("response_format", "mp3")
+        if self.format not in FORMATS:
+            raise _invalid(f"response_format must be one of {', '.join(FORMATS)}")
+        self.stream_format = body.get("stream_format", "audio")
+        if self.stream_format not in ("audio", "sse"):
+            raise _invalid("stream_format must be audio or sse")
+        speed = body.get("speed", 1.0)
+        if isinstance(speed, bool) or not isinstance(speed, int | float):
+            raise _invalid("speed must be a number")
+        if not 0.5 <= speed <= 2.0:  # OpenAI takes 0.25-4; the model sounds right in this
+            raise _invalid(f"speed {speed} is outside what this server supports: 0.5 to 2.0")
+        self.speed = float(speed)
+        self.language = body.get("language", "auto")
+        if self.language not in LANGUAGES:
+            raise _invalid(f"language must be one of {', '.join(LANGUAGES)}")
+        seed = body.get("seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise _invalid("seed must be a non-negative integer")
+        self.seed = seed
+        instructions = body.get("instructions")
+        if instructions is not None and not isinstance(instructions, str):
+            raise _invalid("instructions must be a string")
+        # CosyVoice2 speaks as its voice prompt does; it has no instruction input.
+        self.ignored = ["instructions"] if instructions else []
+
+    def options(self) -> SpeechOptions:
+        return SpeechOptions(self.voice, self.language, self.speed, SamplingParams(seed=self.seed))
+
+
+class OpenAISpeech:
+    def __init__(self, host: SessionHost) -> None:
+        self.host = host
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return (str(self.host.catalog.model["name"]), *MODEL_ALIASES)
+
+    async def models(self, request: Request) -> JSONResponse:
+        data = [
+            {"id": name, "object": "model", "created": 0, "owned_by": "voiceagent"}
+            for name in self.model_names
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def speech(self, request: Request) -> Response:
+        try:
+            try:
+                body = json.loads(await request.body())
+            except ValueError:
+                raise ApiError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
+            req = SpeechRequest(body, self.model_names)
+            utterance = Utterance(self.host, principal_of(request), req.options(), "openai")
+        except ApiError as exc:
+            return openai_error(exc)
+        try:
+            utterance.push(req.input)
+            utterance.end()
+            audio = utterance.pcm()
+            # Wait for the first audio before answering: a turn that fails early (the LM
+            # server is down) still gets its status code, and costs no time to first byte.
+            first = await anext(audio, None)
+        except ApiError as exc:
+            utterance.close()
+            return openai_error(exc)
+        encoder = make_stream_encoder(req.format)
+        headers = {IGNORED_HEADER: ",".join(req.ignored)} if req.ignored else {}
+
+        async def encoded() -> AsyncIterator[bytes]:
+            if first is not None:
+                yield encoder.encode(first)
+            async for pcm in audio:
+                if data := encoder.encode(pcm):
+                    yield data
+            yield encoder.finish()
+
+        if req.stream_format == "sse":
+            body = sse(encoded(), utterance)
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        return StreamingResponse(
+            plain(encoded(), utterance), media_type=encoder.content_type, headers=headers
+        )
+
+
+async def plain(chunks: AsyncIterator[bytes], utterance: Utterance) -> AsyncIterator[bytes]:
+    try:
+        async for data in chunks:
+            if data:
+                yield data
+    except ApiError as exc:  # after the status line, all that is left is to stop short
+        log.warning("openai speech stopped: %s", exc.message)
+    finally:
+        utterance.close()
+
+
+async def sse(chunks: AsyncIterator[bytes], utterance: Utterance) -> AsyncIterator[bytes]:
+    """OpenAI's speech events: `speech.audio.delta` (base64 audio), then
+    `speech.audio.done`; or an `error` event if synthesis fails on the way."""
+    try:
+        async for data in chunks:
+            if data:
+                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+                yield _event(event)
+        tokens = utterance.turn.stats.tokens
+        chars = utterance.chars  # (input characters stand in for text tokens)
+        usage = {"input_tokens": chars, "output_tokens": tokens, "total_tokens": chars + tokens}
+        yield _event({"type": "speech.audio.done", "usage": usage})
+    except ApiError as exc:
+        yield _event({"type": "error", "error": {"code": exc.code, "message": exc.message}})
+    finally:
+        utterance.close()
+
+
+def _event(event: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(event)}\n\n".encode()

@@ -1,0 +1,192 @@
+"""One utterance of a drop-in API (OpenAI, Cartesia, ElevenLabs, /v1/tts): a turn with
+no real-time pacing. Its audio is handed out as fast as it is synthesized (those
+clients play it out themselves), and its words' timing as soon as it is known.
+
+An `Utterance` holds one of the server's live-turn slots from creation to `close`, and
+counts in the same metrics as a session's turn, under the API's name as transport.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..audio.format import FRAME_MS, MODEL_RATE
+from ..auth.gate import Principal
+from ..model.contract import Voice
+from ..model.sampling import SamplingParams
+from ..pipeline.turn import FrameFormat, OutputItem, Turn, TurnFailed, TurnSettings
+from ..protocol.errors import ErrorCode
+from ..session.port import SessionHost
+from ..text.timing import SpokenSegment
+
+# Audio made ahead of a slow reader at most: beyond it synthesis waits (as a session's
+# turn does), so a client that stops reading costs no compute and little memory.
+MAX_AHEAD_MS = 10_000
+
+STATUS = {  # the HTTP status of each refusal an API may answer with
+    ErrorCode.UNKNOWN_VOICE: 400,
+    ErrorCode.INVALID_PARAMETER: 400,
+    ErrorCode.INVALID_MESSAGE: 400,
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.TEXT_TOO_LONG: 400,
+    ErrorCode.QUOTA_EXCEEDED: 429,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.SERVER_BUSY: 503,
+    ErrorCode.TOO_MANY_SESSIONS: 503,
+    ErrorCode.SERVER_DRAINING: 503,
+    ErrorCode.ENGINE_UNAVAILABLE: 503,
+    ErrorCode.SYNTHESIS_FAILED: 500,
+    ErrorCode.INTERNAL_ERROR: 500,
+}
+
+
+class ApiError(Exception):
+    """A refusal with a stable code, as each API reports it (JSON body, error message)."""
+
+    def __init__(self, code: ErrorCode, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status or STATUS.get(code, 400)
+
+    def body(self) -> dict[str, str]:
+        return {"type": "error", "code": str(self.code), "message": self.message}
+
+
+@dataclass(frozen=True)
+class SpeechOptions:
+    voice: str  # as the caller names it (a tenant's own voice shadows a shared one)
+    language: str = "auto"
+    speed: float = 1.0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sample_rate: int = MODEL_RATE  # of the PCM handed out
+
+
+def find_voice(host: SessionHost, principal: Principal, name: str) -> Voice:
+    catalog = host.catalog_for(principal)
+    voice = host.engine.model.voices.get(catalog.voice_key(name))
+    if name not in catalog.voices or voice is None:
+        shown = ", ".join(catalog.voices[:20]) or "none"
+        raise ApiError(ErrorCode.UNKNOWN_VOICE, f"unknown voice {name[:80]!r}; available: {shown}")
+    return voice
+
+
+class Utterance:
+    def __init__(
+        self,
+        host: SessionHost,
+        principal: Principal,
+        options: SpeechOptions,
+        api: str,
+        turn_id: str | None = None,
+    ) -> None:
+        """Raises ApiError when the voice is unknown or no live-turn slot is free."""
+        self.host = host
+        self.api = api  # the metrics' transport label: "openai", "cartesia", ...
+        self.tenant = principal.tenant
+        self.options = options
+        voice = find_voice(host, principal, options.voice)
+        if not 0.5 <= options.speed <= 2.0:
+            raise ApiError(ErrorCode.INVALID_PARAMETER, "speed must be within 0.5 and 2.0")
+        refusal = host.admission.admit_turn(self.tenant)
+        if refusal is not None:
+            raise ApiError(refusal.code, refusal.message)
+        self.chars = 0
+        self._closed = False
+        self._outcome = "cancelled"  # unless it ends otherwise
+        self.turn = Turn(
+            turn_id or uuid.uuid4().hex,
+            TurnSettings(
+                voice,
+                options.sampling,
+                options.speed,
+                FrameFormat(options.sample_rate),
+                options.language,
+            ),
+            host.engine,
+            schedule=host.playout.schedule,
+            max_segment_tokens=host.playout.max_segment_tokens,
+            max_output_frames=MAX_AHEAD_MS // FRAME_MS,
+        )
+        self.turn.start()
+        self.first_audio: float | None = None  # monotonic time the first audio left
+
+    # -- text in --------------------------------------------------------------------------
+
+    def push(self, text: str) -> None:
+        """More text of this utterance; raises ApiError beyond the per-turn or the
+        tenant's character limit (nothing of `text` is taken then)."""
+        limit = self.host.limits.max_text_chars
+        if self.chars + len(text) > limit:
+            raise ApiError(
+                ErrorCode.TEXT_TOO_LONG, f"an utterance takes at most {limit} characters"
+            )
+        over = self.host.admission.tenant(self.tenant).take_chars(len(text))
+        if over is not None:
+            raise ApiError(ErrorCode.QUOTA_EXCEEDED, over)
+        self.chars += len(text)
+        self.turn.push_text(text)
+
+    def flush(self) -> None:
+        """Speak the text buffered so far now, though no sentence has ended."""
+        self.turn.flush_text()
+
+    def end(self) -> None:
+        self.turn.end_text()
+
+    # -- audio out ------------------------------------------------------------------------
+
+    async def pieces(self) -> AsyncIterator[np.ndarray | SpokenSegment]:
+        """PCM (float32 mono at `options.sample_rate`: every frame that is ready, as one
+        array) and segment timing, in order, until the turn ends. Raises ApiError when
+        synthesis fails."""
+        out = self.turn.output
+        while True:
+            item: OutputItem | bool = await out.get()
+            frames: list[np.ndarray] = []
+            while isinstance(item, np.ndarray):
+                frames.append(item)
+                item = out.get_nowait() if not out.empty() else False
+            if frames:
+                if self.first_audio is None:
+                    self.first_audio = time.monotonic()
+                    ttfa = self.first_audio - self.turn.stats.created
+                    self.host.engine.metrics.ttfa.labels(self.api).observe(ttfa)
+                yield np.concatenate(frames)
+            if item is False:  # nothing more ready yet
+                continue
+            if item is None:
+                self._outcome = "done"
+                return
+            if isinstance(item, TurnFailed):
+                self._outcome = "failed"
+                raise ApiError(ErrorCode(item.code), str(item))
+            assert isinstance(item, SpokenSegment)
+            yield item
+
+    async def pcm(self) -> AsyncIterator[np.ndarray]:
+        """The audio alone."""
+        async for piece in self.pieces():
+            if isinstance(piece, np.ndarray):
+                yield piece
+
+    # -- end ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop all work now (a cancel, a client gone) or after the end. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.turn.close()
+        self.host.admission.turn_ended()
+        metrics = self.host.engine.metrics
+        metrics.turns.labels(self.api, self._outcome).inc()
+        if self._outcome == "done":
+            metrics.audio_seconds.labels(self.api).inc(self.turn.stats.audio_ms / 1000)
+            if self.turn.stats.rtf is not None:
+                metrics.rtf.observe(self.turn.stats.rtf)
