@@ -135,6 +135,7 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                     "playback": {"reports": False, "timeout_ms": 500},
                 },
                 "voices": ["agent", "narrator"],
+                "roles": [],
                 "model": MODEL,
                 "limits": {"max_message_bytes": 1000, "max_text_chars": 50, "max_turns": 3},
             }

@@ -25,7 +25,7 @@ from ..model.sampling import SamplingParams
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import LANGUAGES
 from ..session.port import SessionHost
-from .utterance import ApiError, SpeechOptions, Utterance
+from .utterance import ApiError, SpeechOptions, Utterance, role_defaults, with_defaults
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +123,13 @@ class SpeechRequest:
             raise _invalid("instructions must be a string")
         # CosyVoice2 speaks as its voice prompt does; it has no instruction input.
         self.ignored = ["instructions"] if instructions else []
+        self.given = set(body)
 
-    def options(self) -> SpeechOptions:
-        return SpeechOptions(self.voice, self.language, self.speed, SamplingParams(seed=self.seed))
+    def options(self, role: dict[str, Any]) -> SpeechOptions:
+        """The request's options, over the defaults of the role it names (if it does)."""
+        sampling = SamplingParams(seed=self.seed)
+        options = SpeechOptions(self.voice, self.language, self.speed, sampling)
+        return with_defaults(options, self.given, role)
 
 
 class OpenAISpeech:
@@ -150,7 +154,9 @@ class OpenAISpeech:
             except ValueError:
                 raise ApiError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
             req = SpeechRequest(body, self.model_names)
-            utterance = Utterance(self.host, principal_of(request), req.options(), "openai")
+            who = principal_of(request)
+            options = req.options(role_defaults(self.host, who, req.voice))
+            utterance = Utterance(self.host, who, options, "openai")
         except ApiError as exc:
             return openai_error(exc)
         try:

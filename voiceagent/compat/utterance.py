@@ -11,7 +11,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -68,12 +69,29 @@ class SpeechOptions:
 
 
 def find_voice(host: SessionHost, principal: Principal, name: str) -> Voice:
+    """The voice a caller names (a voice, or a role: its voice)."""
     catalog = host.catalog_for(principal)
     voice = host.engine.model.voices.get(catalog.voice_key(name))
-    if name not in catalog.voices or voice is None:
-        shown = ", ".join(catalog.voices[:20]) or "none"
+    if name not in catalog.names or voice is None:
+        shown = ", ".join(sorted(catalog.names)[:20]) or "none"
         raise ApiError(ErrorCode.UNKNOWN_VOICE, f"unknown voice {name[:80]!r}; available: {shown}")
     return voice
+
+
+def role_defaults(host: SessionHost, principal: Principal, name: str) -> dict[str, Any]:
+    """The defaults of the role `name` (language, speed, sampling; {}: not a role)."""
+    role = host.catalog_for(principal).roles.get(name)
+    return {} if role is None else role.defaults
+
+
+def with_defaults(
+    options: SpeechOptions, given: set[str], defaults: dict[str, Any]
+) -> SpeechOptions:
+    """`options` with a role's defaults for what the request did not set itself (`given`:
+    of language, speed, temperature, top_k, top_p, seed)."""
+    sampling = {k: v for k, v in defaults.get("sampling", {}).items() if k not in given}
+    plain = {k: defaults[k] for k in ("language", "speed") if k in defaults and k not in given}
+    return replace(options, sampling=replace(options.sampling, **sampling), **plain)
 
 
 class Utterance:

@@ -67,6 +67,7 @@ class ServerSection(Section):
     )
     web: str = setting("", "demo page folder served at / (empty: the checkout's web/)", "--web")
     voices: str = setting("", "folder of added voices (empty: MODEL/voices)", "--voices")
+    roles: str = setting("", "TOML file of roles: names for a voice and its defaults", "--roles")
 
     @field_validator("host")
     @classmethod
@@ -316,6 +317,7 @@ class Settings(BaseSettings):
                 max_ahead_ms=playout.max_ahead_ms,
             ),
             voices_dir=self.voices_dir(),
+            roles_file=Path(server.roles) if server.roles else None,
             webrtc=WebRtcConfig(track_buffer_frames=max(1, playout.webrtc_buffer_ms // FRAME_MS)),
             telephony=TelephonyConfig(
                 attach_timeout_s=phone.bot_attach_timeout_s,

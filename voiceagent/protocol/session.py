@@ -43,6 +43,7 @@ from .messages import (
     check_voice,
     parse,
 )
+from .roles import Role
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,25 @@ class Catalog:
     tenant: str = "default"  # whose sessions these are (their quotas, their voices)
     # The model's name for a voice, where it differs (a tenant's "anna" is "acme/anna")
     keys: dict[str, str] = field(default_factory=dict)
+    roles: dict[str, Role] = field(default_factory=dict)  # those whose voice is offered
 
     def voice_key(self, name: str) -> str:
+        """The model's name for a voice or role."""
+        role = self.roles.get(name)
+        if role is not None:
+            name = role.voice
         return self.keys.get(name, name)
+
+    @property
+    def names(self) -> set[str]:
+        """What a session may choose as its `voice`: voices and roles."""
+        return {*self.voices, *self.roles}
+
+    def with_role(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Settings changes with a role's defaults under them, when they name a role."""
+        voice = changes.get("voice")
+        role = self.roles.get(voice) if isinstance(voice, str) else None
+        return changes if role is None else role.settings(changes)
 
 
 class TextBudget(Protocol):
@@ -195,7 +212,8 @@ class SessionCore:
         if self.started:
             raise ProtocolError(ErrorCode.SESSION_ALREADY_STARTED, "session already started")
         base = Settings(voice=self.catalog.default_voice)
-        self.settings = self._pin(apply_settings(base, changes, set(self.catalog.voices)))
+        changes = self.catalog.with_role(changes)
+        self.settings = self._pin(apply_settings(base, changes, self.catalog.names))
         return [SendEvent(self.describe())]
 
     def describe(self) -> dict[str, Any]:
@@ -206,6 +224,7 @@ class SessionCore:
             "session_id": self.session_id,
             "settings": self.settings.to_dict(),
             "voices": list(self.catalog.voices),
+            "roles": sorted(self.catalog.roles),
             "model": self.catalog.model,
             "limits": {
                 "max_message_bytes": self.limits.max_message_bytes,
@@ -216,7 +235,8 @@ class SessionCore:
 
     def _update(self, changes: dict[str, Any]) -> list[Action]:
         assert self.settings is not None
-        self.settings = self._pin(apply_settings(self.settings, changes, set(self.catalog.voices)))
+        changes = self.catalog.with_role(changes)
+        self.settings = self._pin(apply_settings(self.settings, changes, self.catalog.names))
         # Turns already opened keep the settings they started with.
         return [SendEvent({"type": "session.updated", "settings": self.settings.to_dict()})]
 
@@ -288,7 +308,7 @@ class SessionCore:
                 ErrorCode.UNKNOWN_VOICE,
                 "the model has no voices yet; add one (voiceagent voice add) and choose it",
             )
-        check_voice(voice, set(self.catalog.voices))
+        check_voice(voice, self.catalog.names)
         if len(cmd.text) > self.limits.max_text_chars:
             raise ProtocolError(
                 ErrorCode.TEXT_TOO_LONG,
@@ -305,8 +325,9 @@ class SessionCore:
         assert self.settings is not None
         turn_id = cmd.turn_id if cmd.turn_id is not None else self._auto_id()
         settings = self.settings
-        if cmd.voice is not None:
-            settings = replace(settings, voice=cmd.voice)
+        if cmd.voice is not None:  # this turn's voice (or role: its defaults too)
+            changes = self.catalog.with_role({"voice": cmd.voice})
+            settings = apply_settings(settings, changes, self.catalog.names)
         turn = _Turn(self._next_num, turn_id, settings.voice)
         self._next_num += 1
         self._ids.add(turn_id)

@@ -49,6 +49,7 @@ from ..auth.gate import (
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
+from ..protocol.roles import Role, parse_roles
 from ..protocol.session import Catalog, Limits
 from ..session.admission import Admission
 from ..session.playout import PlayoutConfig
@@ -84,6 +85,7 @@ class ServerConfig:
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
     voices_dir: Path | None = None  # voices added with `voiceagent voice add`
     voices_rescan_s: float = 2.0
+    roles_file: Path | None = None  # roles: a voice and its defaults (protocol/roles.py)
     webrtc: WebRtcConfig = field(default_factory=WebRtcConfig)
     telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)
@@ -122,6 +124,8 @@ class VoiceServer:
         )
         self._voice_files: dict[Path, float] = {}
         self._catalogs: dict[tuple[str, str | None], Catalog] = {}
+        self.roles: dict[str, Role] = {}
+        self._roles_seen: float | None = None
         self.rescan_voices()
         self.webrtc = WebRtcGateway(self, config.webrtc)
         routes: list[BaseRoute] = [
@@ -200,7 +204,8 @@ class VoiceServer:
 
     def rescan_voices(self) -> None:
         """Pick up voices added (or replaced) in `voices_dir` since the last look, and
-        forget those whose file was deleted."""
+        forget those whose file was deleted; reread the roles file if it changed."""
+        self._reread_roles()
         for path in [p for p in self._voice_files if not p.exists()]:
             del self._voice_files[path]
             key = self._voice_key(path)
@@ -219,10 +224,34 @@ class VoiceServer:
             self.engine.model.voices[key] = dataclasses.replace(voice, name=key)
             log.info("voice '%s' loaded from %s", key, path)
         self.catalog.voices = tuple(v for v in self.engine.model.voices if "/" not in v)
+        self.catalog.roles = self._roles_of(self.catalog.voices)
         if not self.catalog.default_voice and self.catalog.voices:
             self.catalog.default_voice = self.catalog.voices[0]
         for (tenant, scope), catalog in self._catalogs.items():
             self._fill(catalog, tenant, scope)
+
+    def _reread_roles(self) -> None:
+        path = self.config.roles_file
+        if path is None:
+            return
+        try:
+            seen = path.stat().st_mtime
+            if seen == self._roles_seen:
+                return
+            self._roles_seen = seen
+            self.roles = parse_roles(path.read_text(encoding="utf-8"), str(path))
+        except (OSError, ValueError) as exc:
+            log.warning("roles not (re)loaded, keeping %d: %s", len(self.roles), exc)
+            return
+        log.info("roles loaded from %s: %s", path, ", ".join(self.roles) or "none")
+
+    def _roles_of(self, voices: tuple[str, ...]) -> dict[str, Role]:
+        """The roles whose voice is among `voices` (a role never shadows a voice)."""
+        return {
+            name: role
+            for name, role in self.roles.items()
+            if role.voice in voices and name not in voices
+        }
 
     def _voice_key(self, path: Path) -> str:
         """`voices_dir/anna.pt` is the shared "anna"; `voices_dir/acme/anna.pt` is "acme/anna"."""
@@ -247,6 +276,7 @@ class VoiceServer:
             names = [v for v in names if v == scope]
         catalog.voices = tuple(names)
         catalog.keys = own
+        catalog.roles = self._roles_of(catalog.voices)
         default = self.catalog.default_voice
         catalog.default_voice = default if default in names else next(iter(names), "")
         return catalog

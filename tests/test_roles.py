@@ -1,0 +1,144 @@
+"""Roles: a name for a voice with its speaking defaults, usable wherever a voice is."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import run
+from voiceagent.bench.clients import Client, connect
+from voiceagent.model import checkpoint
+from voiceagent.protocol.roles import parse_roles
+
+ROLES = """
+[roles.support]
+voice = "VOICE"
+language = "en"
+speed = 1.25
+temperature = 0.7
+seed = 7
+
+[roles.ghost]
+voice = "no-such-voice"
+"""
+
+
+def roles_file(tmp_path, voice):
+    path = tmp_path / "roles.toml"
+    path.write_text(ROLES.replace("VOICE", voice))
+    return path
+
+
+def test_a_role_is_a_voice_with_defaults():
+    roles = parse_roles(ROLES.replace("VOICE", "agent"))
+    support = roles["support"]
+    assert support.voice == "agent"
+    assert support.defaults == {
+        "language": "en",
+        "speed": 1.25,
+        "sampling": {"temperature": 0.7, "seed": 7},
+    }
+    # what the client sets itself wins over the role's defaults
+    merged = support.settings({"voice": "support", "speed": 1.0, "sampling": {"seed": 3}})
+    assert merged == {
+        "voice": "support",
+        "language": "en",
+        "speed": 1.0,
+        "sampling": {"temperature": 0.7, "seed": 3},
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[roles.a]\nlanguage = 'en'\n", "role 'a' needs a voice"),
+        ("[roles.a]\nvoice = 'x'\npitch = 2\n", "unknown key(s) pitch"),
+        ("[roles.a]\nvoice = 'x'\nspeed = 9.0\n", "role 'a'"),
+        ("[roles.a]\nvoice = 'x'\nlanguage = 'tlh'\n", "role 'a'"),
+        ("[voices.a]\nvoice = 'x'\n", "unknown table(s) voices"),
+        ("[roles.a\n", "not TOML"),
+    ],
+)
+def test_a_bad_roles_file_is_refused_naming_the_role_and_key(text, says):
+    with pytest.raises(ValueError, match=None) as err:
+        parse_roles(text, "roles.toml")
+    assert says in str(err.value) and str(err.value).startswith("roles.toml")
+
+
+def test_sessions_choose_a_role_as_a_voice_and_get_its_defaults(make_server, tmp_path, tiny_model):
+    voice = next(iter(tiny_model.voices))
+    server = make_server(roles_file=roles_file(tmp_path, voice))
+
+    async def go():
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            created = await c.start(voice="support", speed=1.1)
+            turn = await c.speak("Hello there.")
+            await c.send({"type": "session.update", "voice": voice})
+            plain = await c.event()
+            other = await c.speak("Hello there.", voice="support")
+            await c.send({"type": "speak", "text": "Hi.", "voice": "ghost"})
+            refused = await c.event()
+            return created, turn, plain, other, refused
+
+    created, turn, plain, other, refused = run(go())
+    settings = created["settings"]
+    assert created["roles"] == ["support"]  # ghost's voice does not exist: not offered
+    assert settings["voice"] == "support" and settings["language"] == "en"
+    assert settings["speed"] == 1.1  # set by the client, over the role's 1.25
+    assert settings["sampling"]["temperature"] == 0.7 and settings["sampling"]["seed"] == 7
+    assert turn.event("turn.started")["voice"] == "support" and turn.frames
+    # choosing a plain voice afterwards keeps the settings as they are
+    assert plain["type"] == "session.updated", plain
+    assert plain["settings"]["voice"] == voice and plain["settings"]["speed"] == 1.1
+    assert other.frames and other.event("turn.done")
+    assert refused["code"] == "unknown_voice"
+
+
+def test_a_role_sounds_like_its_voice_at_its_settings(make_server, tmp_path, tiny_model):
+    """Same voice, same seed and speed: a role's turn is the voice's turn, sample for
+    sample (the role costs no model work of its own)."""
+    voice = next(iter(tiny_model.voices))
+    server = make_server(roles_file=roles_file(tmp_path, voice))
+
+    async def go():
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start(voice="support", format={"codec": "pcm16"})
+            by_role = await c.speak("Numbers like 42 are fine.")
+            sampling = {"temperature": 0.7, "seed": 7}
+            update = {"voice": voice, "speed": 1.25, "sampling": sampling}
+            await c.send({"type": "session.update", **update})
+            await c.event()
+            by_voice = await c.speak("Numbers like 42 are fine.")
+            return by_role, by_voice
+
+    by_role, by_voice = run(go())
+    assert by_role.frames
+    assert [f.payload for f in by_role.frames] == [f.payload for f in by_voice.frames]
+
+
+def test_an_edited_roles_file_applies_without_a_restart(make_server, tmp_path, tiny_dir):
+    own = checkpoint.load(tiny_dir)
+    voice = next(iter(own.voices))
+    path = roles_file(tmp_path, voice)
+    server = make_server(own, roles_file=path, voices_rescan_s=0.1)
+
+    async def go():
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            before = await c.start()
+            path.write_text(f"[roles.sales]\nvoice = '{voice}'\n")
+            await asyncio.sleep(0.6)
+            await c.send({"type": "speak", "text": "Hi.", "voice": "sales"})
+            started = await c.event()
+            path.write_text("[roles.broken\n")  # a broken edit keeps the roles read before
+            await asyncio.sleep(0.6)
+            again = await c.speak("Hi.", voice="sales")
+            return before, started, again
+
+    before, started, again = run(go())
+    assert before["roles"] == ["support"]
+    assert started["type"] == "turn.started" and started["voice"] == "sales"
+    assert again.frames
