@@ -297,6 +297,14 @@ def test_opus_is_ogg_opus_fed_at_24khz_and_played_at_48khz() -> None:
     assert decode(data, "opus", 48000).samples.size == 2 * TONE.size
 
 
+def test_mp3_starts_with_audio_frames_and_no_tag_to_patch() -> None:
+    data = encoded("mp3")
+    # No ID3v2 tag, and the first frame is audio: no Xing/Info frame, whose counts would
+    # need a seek back once the stream ends.
+    assert data[0] == 0xFF and data[1] & 0xE0 == 0xE0  # an MPEG audio frame sync
+    assert b"Xing" not in data[:1000] and b"Info" not in data[:1000]
+
+
 def test_mp3_bitrate_is_the_one_asked_for() -> None:
     # ElevenLabs' mp3_44100_128 and mp3_22050_32.
     for rate, bitrate in ((44100, 128000), (22050, 32000)):
