@@ -32,7 +32,13 @@ log = logging.getLogger(__name__)
 MAX_INPUT_CHARS = 4096  # OpenAI's limit
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 # Model names OpenAI clients send; each means the model this server runs.
-MODEL_ALIASES = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+MODEL_ALIASES = (
+    "tts-1",
+    "tts-1-hd",
+    "gpt-4o-mini-tts",
+    "gpt-4o-mini-tts-2025-03-20",
+    "gpt-4o-mini-tts-2025-12-15",
+)
 # What the request may carry; anything else is refused, so a typo does not pass silently.
 FIELDS = {
     "model",
