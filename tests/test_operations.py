@@ -217,10 +217,11 @@ def test_json_logs_have_one_summary_line_per_turn_with_ids_and_never_the_text(
     finally:
         configure_logging("warning", "text")  # back to a quiet default for later tests
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
-    ends = [e for e in lines if e["event"] == "turn.end"]
+    # (the log is the process's: a turn of an earlier test's server may end meanwhile)
+    ends = [e for e in lines if e["event"] == "turn.end" and e.get("session_id") == session_id]
     assert len(ends) == 1
     end = ends[0]
-    assert end["session_id"] == session_id and end["turn_id"].startswith("t")
+    assert end["turn_id"].startswith("t")
     assert end["outcome"] == "done" and end["transport"] == "websocket"
     assert end["ttfa_ms"] > 0 and end["audio_s"] > 0 and end["rtf"] > 0
     assert end["level"] == "info" and "timestamp" in end

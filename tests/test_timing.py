@@ -1,0 +1,72 @@
+"""Word timing on a turn's audio timeline: exact per segment (the LM's 25 Hz token clock),
+approximate within one (words share a segment by their length)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+
+from voiceagent.engine.embedded import EmbeddedEngine
+from voiceagent.model.sampling import SamplingParams
+from voiceagent.pipeline.turn import FrameFormat, Turn, TurnSettings
+from voiceagent.text.timing import SpokenSegment, word_times, words_of
+
+
+def test_words_share_their_segment_by_length_in_order_without_gaps():
+    words = word_times("I can help with that", 1000.0, 2000.0)
+    assert [w.word for w in words] == ["I", "can", "help", "with", "that"]
+    assert words[0].start_ms == 1000.0 and words[-1].end_ms == 2000.0
+    for a, b in itertools.pairwise(words):
+        assert a.end_ms == b.start_ms and a.start_ms < a.end_ms
+    # "help" (4 letters) lasts longer than "I" (1)
+    assert words[2].end_ms - words[2].start_ms > words[0].end_ms - words[0].start_ms
+
+
+def test_unspaced_scripts_time_each_character():
+    assert words_of("您好，世界 ok") == ["您", "好", "，", "世", "界", "ok"]
+
+
+def test_a_segment_spans_its_tokens_at_40_ms_each_scaled_by_speed():
+    seg = SpokenSegment.of_tokens("Hello there.", 25, 75, speed=1.0)
+    assert (seg.start_ms, seg.end_ms) == (1000.0, 3000.0)
+    fast = SpokenSegment.of_tokens("Hello there.", 25, 75, speed=2.0)
+    assert (fast.start_ms, fast.end_ms) == (500.0, 1500.0)
+
+
+@pytest.mark.parametrize("speed", [1.0, 1.5])
+def test_a_turn_reports_each_segment_before_its_last_audio_and_the_spans_tile_the_audio(
+    tiny_model, speed
+):
+    engine = EmbeddedEngine(tiny_model)
+    engine.start()
+    voice = next(iter(tiny_model.voices.values()))
+    text = "First, a clause. Then a sentence that ends. And one more."
+
+    async def go():
+        settings = TurnSettings(voice, SamplingParams(seed=1), speed, FrameFormat(24000))
+        turn = Turn("t", settings, engine)
+        turn.start()
+        turn.push_text(text)
+        turn.end_text()
+        items = []
+        while (item := await turn.output.get()) is not None:
+            items.append(item)
+        return turn, items
+
+    try:
+        turn, items = asyncio.run(go())
+    finally:
+        engine.stop()
+    segments = [i for i in items if isinstance(i, SpokenSegment)]
+    assert " ".join(s.text for s in segments) == text
+    assert segments[0].start_ms == 0
+    for a, b in itertools.pairwise(segments):
+        assert a.end_ms == b.start_ms  # one timeline, no gaps
+    audio_ms = sum(len(i) for i in items if isinstance(i, np.ndarray)) / 24
+    assert segments[-1].end_ms == pytest.approx(len(turn.tokens) * 40 / speed)
+    assert abs(segments[-1].end_ms - audio_ms) <= 40  # the audio ends with the tokens
+    # each segment's timing comes before the last of its audio
+    assert not isinstance(items[-1], SpokenSegment)
