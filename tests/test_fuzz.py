@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from fuzz_targets import CORPUS, TARGETS
 
-FUZZ_SECONDS = int(os.environ.get("VOICEAGENT_FUZZ_SECONDS", "10"))
+FUZZ_SECONDS = int(os.environ.get("VOICEAGENT_FUZZ_SECONDS", "6"))
 MAX_LEN = 8192  # bytes per input: room for JSON nested deeper than Python's recursion limit
 SCRIPT = Path(__file__).with_name("fuzz_targets.py")
 ROOT = SCRIPT.parent.parent

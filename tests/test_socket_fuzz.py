@@ -49,7 +49,7 @@ from voiceagent.session.playout import PlayoutConfig
 from voiceagent.telephony.events import Invalid
 from voiceagent.telephony.media_streams import TWILIO, JsonStream
 
-MESSAGES = int(os.environ.get("VOICEAGENT_SOCKET_FUZZ_MESSAGES", "100000"))
+MESSAGES = int(os.environ.get("VOICEAGENT_SOCKET_FUZZ_MESSAGES", "50000"))
 CONNECTIONS = 48
 PER_SECOND = 50  # per connection: the whole run takes MESSAGES / 2400 s at best
 SEED = 13
