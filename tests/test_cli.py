@@ -107,6 +107,18 @@ def test_serve_without_a_model_serves_tiny_and_says_it_is_noise(tmp_path):
     assert "random weights" in out and "noise" in out
 
 
+def test_openai_bench_reports_first_byte_and_whole_file_per_format(tiny_dir):
+    cmd = [*CLI, "--log-level", "warning", "bench", "--scenario", "openai", "--model"]
+    cmd += [str(tiny_dir), "--turns", "1", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+    report = json.loads(proc.stdout)
+    assert set(report["formats"]) == {"pcm", "mp3", "opus", "aac", "flac", "wav"}
+    for row in [*report["formats"].values(), report["concurrent"]]:
+        assert 0 < row["ttfb_ms_p50"] < row["whole_file_ms_p50"] and row["bytes"] > 0
+    assert report["concurrent"]["requests"] == 4
+    assert report["streaming"]["ttfb_ms_p50"] < report["whole_file"]["ms_p50"]
+
+
 @pytest.mark.timeout(600)
 def test_bench_json_has_the_documented_keys(tiny_dir):
     proc = subprocess.run(

@@ -264,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
             "soak",
             "tenants",
             "isolation",
+            "openai",
         ],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
@@ -272,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
         "1 vs 20; soak: server memory, fds, threads and tasks over many sessions; tenants: "
         "one tenant's TTFA while another floods up to its quotas; isolation: invariant vs "
-        "batched acoustic, cost and bit differences",
+        "batched acoustic, cost and bit differences; openai: POST /v1/audio/speech, time to "
+        "the first byte vs to the whole file, per format",
     )
     s.add_argument("--model")
     s.add_argument(

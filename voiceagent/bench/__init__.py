@@ -9,6 +9,7 @@ soak.py     --scenario soak: server RSS, fds, threads, tasks over many sessions 
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
 tenants.py  --scenario tenants: one tenant's TTFA while another floods up to its quotas
 isolation.py --scenario isolation: invariant vs batched acoustic, cost and bit differences
+speech_api.py --scenario openai: POST /v1/audio/speech, first byte vs whole file
 clients.py  WebSocket client, aiortc peer, paced microphone track
 clips.py    speech to send: espeak-ng, a synthetic vowel
 """
@@ -89,6 +90,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
         report = tenants.measure(load_model(args.model, args.device), turns=args.turns)
         text = tenants.table(report)
+    elif args.scenario == "openai":
+        from . import speech_api
+
+        report = speech_api.measure(load_model(args.model, args.device), turns=args.turns)
+        text = speech_api.table(report)
     elif args.scenario == "webrtc":
         from . import webrtc
 
