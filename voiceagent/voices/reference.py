@@ -164,8 +164,7 @@ def _voiced_frames(pcm24k: Float32Array, loud_db: float) -> np.ndarray:
         dtype=bool,
     )
     rms = _frame_rms(x, frame)[:n]
-    floor = max(10 ** (SILENT_DBFS / 20), 10 ** ((loud_db - NOISE_BELOW_PEAK_DB) / 20))
-    return speech & (rms > floor)
+    return speech & (rms > 10 ** ((loud_db - NOISE_BELOW_PEAK_DB) / 20))
 
 
 def prepare_reference(data: bytes) -> Reference:
