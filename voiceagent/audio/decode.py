@@ -17,6 +17,10 @@ from voiceagent.audio.resample import Float32Array
 AudioSource = str | os.PathLike[str] | bytes
 
 
+class AudioTooLong(ValueError):
+    """The audio lasts longer than the `max_seconds` a caller allowed."""
+
+
 def source_name(source: AudioSource) -> str:
     return f"<{len(source)} bytes>" if isinstance(source, bytes) else str(source)
 
@@ -48,7 +52,7 @@ def decode_audio(source: AudioSource, max_seconds: float | None = None) -> tuple
                     chunks.append(pcm)
                     total += pcm.size
                 if max_seconds is not None and rate and total > max_seconds * rate:
-                    raise ValueError(
+                    raise AudioTooLong(
                         f"audio {name} is longer than the {max_seconds:g} s allowed here"
                     )
     except av.FFmpegError as exc:

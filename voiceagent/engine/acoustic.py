@@ -114,6 +114,11 @@ class AcousticWorker:
             self._primed_states[voice.name] = cached
         return cached[1]
 
+    def forget_voice(self, name: str) -> None:
+        """Drop the primed flow state cached for voice `name` (a deleted voice). A turn
+        already running keeps its own reference to the state."""
+        self._primed_states.pop(name, None)
+
     async def synthesize(
         self, stream: AcousticStream, tokens: list[int], final: bool
     ) -> ChunkResult:

@@ -155,8 +155,8 @@ class EmbeddedLM:
         max_len: int,
     ) -> TokenStream:
         loop = asyncio.get_running_loop()
-        prompt_ids = list(voice.prompt_text_ids) + text_ids
-        speech_ids = list(voice.prompt_tokens)
+        prompt_ids = list(voice.lm_text_ids) + text_ids
+        speech_ids = list(voice.lm_speech_tokens)
         prompt_len = len(prompt_ids) + len(speech_ids) + 2  # + sos, task_id
         # A segment's speech may not outgrow its KV slot: cap its length there.
         max_len = min(max_len, self.max_len - prompt_len)

@@ -48,6 +48,20 @@ class Voice:
     prompt_tokens: tuple[int, ...]  # speech tokens of the prompt audio
     embedding: Tensor  # speaker vector of the flow, [spk_dim]
     prompt_mel: Tensor | None = None  # [frames, 80] mel of the prompt audio, if the model uses it
+    # False: the LM gets neither the prompt's text nor its speech tokens, only the flow
+    # uses the prompt (CosyVoice2's "cross-lingual" mode: a voice made without the
+    # transcript of its reference audio). True: the zero-shot prompt, as before.
+    lm_prompt: bool = True
+
+    @property
+    def lm_text_ids(self) -> tuple[int, ...]:
+        """The text tokens the LM's prompt starts with (before a segment's own)."""
+        return self.prompt_text_ids if self.lm_prompt else ()
+
+    @property
+    def lm_speech_tokens(self) -> tuple[int, ...]:
+        """The speech tokens the LM continues from."""
+        return self.prompt_tokens if self.lm_prompt else ()
 
 
 class FlowStage(nn.Module):

@@ -5,6 +5,7 @@ uses it. The stage interfaces are in contract.py; the LM stage is lm.SpeechLM.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,9 @@ class SpeechModel:
     token_ratio: tuple[float, float]  # min, max speech tokens per text token of a segment
     spk_dim: int  # size of a voice's speaker vector
     spec: Any = None  # the configuration the model was built from (for saving)
+    # A folder with the prompt frontend's ONNX files (FRONTEND_FILES): voices can be made
+    # from reference audio (voices/registry.py). None: this model cannot clone voices.
+    frontend_dir: Path | None = None
 
     @property
     def device(self) -> torch.device:

@@ -1,7 +1,13 @@
-"""Voices on disk: one `NAME.pt` file per voice made with `voiceagent voice add`.
+"""Voices on disk: one `NAME.pt` file per voice, made with `voiceagent voice add` or
+`POST /v1/voices` (voices/registry.py).
 
 A running server rescans the folder (see server/app.py), so a voice added from the
 command line is usable by name without a restart.
+
+A file holds the prompt features only (never the reference audio): the transcript and its
+text tokens, speech tokens, prompt mel, speaker vector, whether the LM uses the prompt
+(`lm_prompt`, absent in older files: True), and `meta`, a dict of plain values about how
+the voice was made (absent in older files: empty).
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ import io
 import logging
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,7 +37,11 @@ def check_name(name: str) -> None:
         )
 
 
-def save_voice(directory: Path, voice: Voice, prompt_text: str) -> Path:
+def save_voice(
+    directory: Path, voice: Voice, prompt_text: str, meta: Mapping[str, Any] | None = None
+) -> Path:
+    """Write `directory/NAME.pt` atomically. `meta`: plain values (str, int, float, bool,
+    None, lists and dicts of them), read back by `read_voice_file`."""
     check_name(voice.name)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{voice.name}.pt"
@@ -39,6 +51,8 @@ def save_voice(directory: Path, voice: Voice, prompt_text: str) -> Path:
         "prompt_tokens": torch.tensor(voice.prompt_tokens, dtype=torch.long),
         "prompt_mel": voice.prompt_mel,
         "embedding": voice.embedding,
+        "lm_prompt": voice.lm_prompt,
+        "meta": dict(meta or {}),
     }
     # Serialized first, then written with plain file I/O: a full disk is an OSError
     # (ENOSPC) that names the problem, and the half-written file is removed.
@@ -57,16 +71,25 @@ def save_voice(directory: Path, voice: Voice, prompt_text: str) -> Path:
     return path
 
 
-def load_voice(path: Path) -> Voice:
+def read_voice_file(path: Path) -> tuple[Voice, str, dict[str, Any]]:
+    """The voice in `path`, its transcript ("" if none) and its `meta` ({} in older files)."""
     data = torch.load(path, map_location="cpu", weights_only=True)
     mel = data.get("prompt_mel")
-    return Voice(
+    voice = Voice(
         name=path.stem,
         prompt_text_ids=tuple(int(t) for t in data["prompt_text_ids"]),
         prompt_tokens=tuple(int(t) for t in data["prompt_tokens"]),
         embedding=data["embedding"].float().flatten(),
         prompt_mel=None if mel is None else mel.float(),
+        lm_prompt=bool(data.get("lm_prompt", True)),
     )
+    meta = data.get("meta")
+    text = data.get("prompt_text")
+    return voice, text if isinstance(text, str) else "", meta if isinstance(meta, dict) else {}
+
+
+def load_voice(path: Path) -> Voice:
+    return read_voice_file(path)[0]
 
 
 def load_voices(directory: Path | None) -> dict[str, Voice]:

@@ -41,6 +41,16 @@ class ErrorCode(StrEnum):
     UNKNOWN_CONTEXT = "unknown_context"  # a context id that is not open on this socket
     SYNTHESIS_FAILED = "synthesis_failed"
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the LM server (SGLang) cannot be reached
+    # the voice registry: POST/GET/DELETE /v1/voices (docs/voices.md); HTTP only
+    VOICE_EXISTS = "voice_exists"  # the tenant already has a voice of that name (409)
+    VOICE_CLONING_UNSUPPORTED = "voice_cloning_unsupported"  # no prompt frontend (501)
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # not multipart or JSON (415)
+    AUDIO_TOO_LARGE = "audio_too_large"  # the upload is over the size cap (413)
+    AUDIO_UNREADABLE = "audio_unreadable"  # not decodable audio, or empty (422)
+    AUDIO_TOO_SHORT = "audio_too_short"  # under 1 s after trimming silence (422)
+    AUDIO_TOO_LONG = "audio_too_long"  # over 30 s after trimming silence (422)
+    AUDIO_CLIPPED = "audio_clipped"  # too many samples at full scale (422)
+    AUDIO_SILENT = "audio_silent"  # no or too little voice activity (422)
     INTERNAL_ERROR = "internal_error"
 
 

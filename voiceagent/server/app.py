@@ -5,6 +5,7 @@ GET  /readyz       ready for new sessions (model, LM engine, not draining, below
 GET  /metrics      Prometheus metrics
 GET  /health       readiness and load, as JSON (older; /readyz is for probes)
 GET  /v1/voices    voices of the loaded model (shared, and the caller's tenant's)
+POST /v1/voices    a new voice from reference audio; GET, DELETE /v1/voices/{id} (voices_api.py)
 POST /v1/tokens    a short-lived session token for a browser (with an API key)
 WS   /v1/ws        sessions (docs/protocol.md)
 POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webrtc.py)
@@ -45,7 +46,6 @@ from ..auth.gate import (
     Gate,
     Principal,
     exposure_warning,
-    principal_of,
 )
 from ..compat.routes import compat_routes
 from ..engine.embedded import EmbeddedEngine
@@ -64,6 +64,7 @@ from ..telephony.stream_server import serve_media_stream
 from ..transport.guard import ClientNoise, ConnectionGate, GuardConfig
 from ..transport.webrtc import WebRtcConfig, WebRtcGateway
 from ..transport.websocket import serve_websocket
+from .voices_api import voice_routes
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class VoiceServer:
             Route("/readyz", self.readyz),
             Route("/metrics", self.metrics_page),
             Route("/health", self.health),
-            Route("/v1/voices", self.voices),
+            *voice_routes(self),
             Route("/v1/tokens", self.tokens, methods=["POST"]),
             WebSocketRoute("/v1/ws", self._websocket),
             *compat_routes(self),
@@ -319,9 +320,6 @@ class VoiceServer:
             },
             status_code=200 if ready else 503,  # load balancers route around us
         )
-
-    async def voices(self, request: Request) -> JSONResponse:
-        return JSONResponse({"voices": list(self.catalog_for(principal_of(request)).voices)})
 
     async def tokens(self, request: Request) -> JSONResponse:
         return await mint_token(

@@ -101,7 +101,7 @@ class SGLangLM:
         loop = asyncio.get_running_loop()
         rid = uuid.uuid4().hex
         ids = prompt_ids(
-            self.meta, list(voice.prompt_text_ids) + text_ids, list(voice.prompt_tokens)
+            self.meta, list(voice.lm_text_ids) + text_ids, list(voice.lm_speech_tokens)
         )
         task: asyncio.Task[None] | None = None
 

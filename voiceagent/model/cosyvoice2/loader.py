@@ -7,7 +7,8 @@ hift.pt                    HiFT vocoder                      -> cosyvoice2.hift.
 CosyVoice-BlankEN/         Qwen2 config.json + tokenizer files
 spk2info.pt                stored voices (may be empty)
 campplus.onnx, speech_tokenizer_v2.onnx
-                           prompt frontends, used by `voiceagent voice add`
+                           prompt frontends, used by `voiceagent voice add` and
+                           `POST /v1/voices` (optional: without them no new voices)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .yaml_config import params, read_yaml
 log = logging.getLogger(__name__)
 
 REQUIRED = ("cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "CosyVoice-BlankEN/config.json")
+FRONTEND_FILES = ("campplus.onnx", "speech_tokenizer_v2.onnx")  # speaker vector, speech tokens
 QWEN_DIR = "CosyVoice-BlankEN"
 
 
@@ -147,6 +149,9 @@ def load_cosyvoice2(directory: Path, device: str = "cpu") -> SpeechModel:
         ),
         spk_dim=fcfg.spk_embed_dim,
         spec=yaml,
+        frontend_dir=(
+            directory if all((directory / f).is_file() for f in FRONTEND_FILES) else None
+        ),
     )
     for module in (lm, flow, hift):
         module.to(device)

@@ -125,6 +125,13 @@ class PromptFrontend:
         name = source_name(wave_path)
         if rate < MIN_SOURCE_RATE:
             raise ValueError(f"prompt audio {name} is sampled at {rate} Hz; need >= 16 kHz")
+        return self.prompt_from_pcm(pcm, rate, transcript_ids, name)
+
+    def prompt_from_pcm(
+        self, pcm: np.ndarray, rate: int, transcript_ids: list[int], name: str = "<pcm>"
+    ) -> Prompt:
+        """A voice prompt from decoded mono float32 audio at `rate` (no bandwidth check:
+        the caller decides whether narrowband audio is acceptable, see voices/reference.py)."""
         if len(pcm) < MIN_PROMPT_SECONDS * rate:
             raise ValueError(
                 f"prompt audio {name} lasts {len(pcm) / rate:.2f} s; need >= "

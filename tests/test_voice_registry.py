@@ -1,0 +1,615 @@
+"""The voice registry (POST/GET/DELETE /v1/voices, docs/voices.md) against real servers on
+loopback, with a real httpx client and real WebSocket sessions.
+
+The model is a random-weight CosyVoice2 directory (random_checkpoint.py) with FAKE prompt
+frontend files (tests/onnx_fakes.py): the released campplus.onnx and
+speech_tokenizer_v2.onnx cannot be downloaded here, so the fakes stand in with the same
+interface. The reference audio is real human speech: Asterisk's recorded prompts (8 kHz
+telephone audio, Debian asterisk-core-sounds-en-wav) with their transcripts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import wave
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import numpy as np
+import pytest
+import soxr
+import torch
+from conftest import run
+from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
+from test_sglang import SGLANG_PYTHON
+
+from voiceagent.auth import keys
+from voiceagent.auth.gate import AuthConfig
+from voiceagent.bench import phone_speech
+from voiceagent.bench.clients import Client, connect
+from voiceagent.model import checkpoint
+from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
+from voiceagent.model.speech_model import SpeechModel
+from voiceagent.model.voice_store import load_voice, read_voice_file
+from voiceagent.server.app import ServerConfig
+from voiceagent.server.background import BackgroundServer, free_port
+from voiceagent.server.voices_api import HAS_MULTIPART
+from voiceagent.session.playout import PlayoutConfig
+from voiceagent.text.normalize import normalize
+from voiceagent.voices.reference import MAX_UPLOAD_BYTES
+
+SECRET = "registry-test-secret"
+PHONE = 8000
+SPOKEN = "Thanks, one moment please."
+
+needs_sglang = pytest.mark.skipif(
+    not SGLANG_PYTHON.exists(),
+    reason=f"SGLang is not installed at {SGLANG_PYTHON} (run: bash deploy/setup-sglang.sh)",
+)
+needs_multipart = pytest.mark.skipif(
+    not HAS_MULTIPART, reason="python-multipart is not installed: no multipart/form-data"
+)
+
+# -- audio ------------------------------------------------------------------------------
+
+
+def wav_bytes(pcm: np.ndarray, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(pcm, -1, 1) * 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def encoded(pcm: np.ndarray, rate: int, fmt: str, codec: str, out_rate: int = 44100) -> bytes:
+    """`pcm` re-encoded with PyAV as stereo at `out_rate` (the right channel quieter)."""
+    x = soxr.resample(pcm, rate, out_rate, quality="HQ").astype(np.float32)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format=fmt) as out:
+        stream = out.add_stream(codec, rate=out_rate, layout="stereo")
+        if codec == "vorbis":
+            stream.codec_context.options = {"strict": "experimental"}  # FFmpeg's own encoder
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(np.stack([x, 0.8 * x])), format="fltp", layout="stereo"
+        )
+        frame.sample_rate = out_rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def phone() -> phone_speech.Prompt:
+    """A real spoken sentence of 3-5 s with its transcript."""
+    if not phone_speech.available():
+        pytest.skip("asterisk-core-sounds-en-wav is not installed: no real speech")
+    for p in phone_speech.prompts():
+        if p.is_speech and 3.0 <= p.seconds <= 5.0 and p.text and len(p.text.split()) >= 5:
+            return p
+    pytest.skip("no transcribed Asterisk prompt of 3-5 s (asterisk-core-sounds-en missing?)")
+
+
+def pcm_of(p: phone_speech.Prompt) -> np.ndarray:
+    return p.pcm.astype(np.float32) / 32768.0
+
+
+# -- servers ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def clone_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random CosyVoice2 directory with the (fake) prompt frontend files."""
+    d = write_random_cosyvoice2(tmp_path_factory.mktemp("cv2") / "CosyVoice2-small")
+    write_fake_campplus(d / "campplus.onnx")
+    write_fake_speech_tokenizer(d / "speech_tokenizer_v2.onnx")
+    return d
+
+
+def fresh_model(clone_dir: Path) -> SpeechModel:
+    return checkpoint.load(clone_dir)  # its own copy: the server adds voices to it
+
+
+# No real-time pacing, and at most 2 s of speech a turn: the random model never stops early.
+FAST = PlayoutConfig(lead_ms=100_000, max_segment_tokens=50)
+
+
+@pytest.fixture
+def voice_server(make_server, clone_dir, tmp_path) -> BackgroundServer:
+    server: BackgroundServer = make_server(
+        fresh_model(clone_dir), voices_dir=tmp_path / "voices", playout=FAST
+    )
+    return server
+
+
+def create(server: BackgroundServer, key: str | None = None, **fields: Any) -> httpx.Response:
+    """POST /v1/voices as JSON, the audio (bytes) in base64."""
+    body = dict(fields)
+    if isinstance(body.get("audio"), bytes):
+        body["audio"] = base64.b64encode(body["audio"]).decode()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{server.http}/v1/voices", json=body, headers=headers, timeout=120)
+
+
+def create_form(server: BackgroundServer, audio: bytes, filename: str, **fields: str):
+    files = {"file": (filename, audio, "application/octet-stream")}
+    return httpx.post(f"{server.http}/v1/voices", files=files, data=fields, timeout=120)
+
+
+async def speak_with(server: BackgroundServer, voice: str, key: str | None = None):
+    async with connect(server.url, key) as ws:
+        c = Client(ws)
+        await c.start(voice=voice)
+        return await c.speak(SPOKEN)
+
+
+async def start_error(server: BackgroundServer, voice: str, key: str | None = None) -> dict:
+    async with connect(server.url, key) as ws:
+        c = Client(ws)
+        await c.send({"type": "session.start", "voice": voice})
+        return await c.event()
+
+
+def assert_speaks(server: BackgroundServer, voice: str, key: str | None = None) -> dict:
+    """A real session turn with `voice` makes audio; returns its timings."""
+    turn = run(speak_with(server, voice, key))
+    assert turn.frames, [e["type"] for e in turn.events]
+    timings = turn.event("turn.done")["timings"]
+    assert timings["tokens"] > 0
+    return dict(timings)
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["code"] == code, body
+    assert isinstance(body["message"], str) and body["message"]
+    return dict(body)
+
+
+# -- making, listing, using -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("via", ["json", pytest.param("multipart", marks=needs_multipart)])
+def test_a_voice_from_real_phone_speech_is_made_listed_and_speaks(voice_server, phone, via):
+    audio = wav_bytes(pcm_of(phone), PHONE)
+    if via == "json":
+        r = create(voice_server, audio=audio, name="caller", transcript=phone.text, language="en")
+    else:
+        r = create_form(
+            voice_server, audio, "caller.wav", name="caller", transcript=phone.text or "",
+            language="en",
+        )  # fmt: skip
+    assert r.status_code == 201, r.text
+    info = r.json()
+    assert info["id"] == info["name"] == "caller" and info["owner"] == "tenant"
+    assert info["transcript"] == phone.text and info["language"] == "en"
+    assert info["source_sample_rate"] == PHONE
+    assert abs(info["duration_s"] - phone.seconds) < 0.5  # the prompts have little silence
+    assert isinstance(info["created_at"], int)
+    assert any("above 4 kHz" in w for w in info["warnings"]), info["warnings"]  # 8 kHz caveat
+
+    listed = httpx.get(f"{voice_server.http}/v1/voices").json()
+    assert "caller" in listed["voices"] and {"agent", "narrator"} <= set(listed["voices"])
+    entry = next(d for d in listed["data"] if d["id"] == "caller")
+    assert entry == info
+    shared = next(d for d in listed["data"] if d["id"] == "agent")
+    assert shared["owner"] == "shared" and shared["created_at"] is None
+    assert httpx.get(f"{voice_server.http}/v1/voices/caller").json() == info
+
+    path = voice_server.voice_server.config.voices_dir / "default" / "caller.pt"  # type: ignore[operator]
+    voice, text, meta = read_voice_file(path)
+    assert voice.lm_prompt and text == phone.text and meta["source_sample_rate"] == PHONE
+    assert len(voice.prompt_tokens) == pytest.approx(25 * info["duration_s"], abs=3)
+    assert_speaks(voice_server, "caller")
+
+
+@pytest.mark.parametrize(
+    ("fmt", "codec", "rate"), [("mp3", "libmp3lame", 44100), ("ogg", "vorbis", 44100)]
+)
+def test_compressed_stereo_uploads_make_voices(voice_server, phone, fmt, codec, rate):
+    audio = encoded(pcm_of(phone), PHONE, fmt, codec, rate)
+    r = create(voice_server, audio=audio, name=f"from-{fmt}", transcript=phone.text)
+    assert r.status_code == 201, r.text
+    info = r.json()
+    assert info["source_sample_rate"] == rate and info["language"] == "auto"
+    assert not any("kHz" in w for w in info["warnings"])  # 44.1 kHz: no band warning
+    assert abs(info["duration_s"] - phone.seconds) < 0.5
+    assert_speaks(voice_server, f"from-{fmt}")
+
+
+def test_a_voice_without_transcript_speaks_without_an_lm_prompt(voice_server, phone):
+    r = create(voice_server, audio=wav_bytes(pcm_of(phone), PHONE))
+    assert r.status_code == 201, r.text
+    info = r.json()
+    assert info["transcript"] is None
+    assert info["id"].startswith("voice_") and len(info["id"]) == len("voice_") + 12
+    voice = voice_server.engine.model.voices[f"default/{info['id']}"]
+    assert not voice.lm_prompt and voice.lm_text_ids == () and voice.lm_speech_tokens == ()
+    assert voice.prompt_tokens and voice.prompt_mel is not None  # the flow keeps its prompt
+    timings = assert_speaks(voice_server, info["id"])
+    # the LM's prompt is the turn's text alone (+ sos, task id), not the ~80 prompt tokens
+    tokenizer = voice_server.engine.model.tokenizer
+    assert timings["prompt_tokens"] == len(tokenizer.encode(normalize(SPOKEN))) + 2
+
+
+def test_a_name_is_taken_once_per_tenant(voice_server, phone):
+    audio = wav_bytes(pcm_of(phone), PHONE)
+    assert create(voice_server, audio=audio, name="dup", transcript=phone.text).status_code == 201
+    assert_error(create(voice_server, audio=audio, name="dup"), 409, "voice_exists")
+
+    async def both() -> list[httpx.Response]:  # two at once: one wins, one is told
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"audio": base64.b64encode(audio).decode(), "name": "twin"}
+            url = f"{voice_server.http}/v1/voices"
+            return list(await asyncio.gather(*(client.post(url, json=body) for _ in range(2))))
+
+    statuses = sorted(r.status_code for r in run(both()))
+    assert statuses == [201, 409]
+
+
+def test_a_shared_name_may_be_shadowed_by_the_tenant(voice_server, phone):
+    audio = wav_bytes(pcm_of(phone), PHONE)
+    r = create(voice_server, audio=audio, name="agent", transcript=phone.text)
+    assert r.status_code == 201, r.text
+    listed = httpx.get(f"{voice_server.http}/v1/voices").json()
+    assert listed["voices"].count("agent") == 1
+    assert next(d for d in listed["data"] if d["id"] == "agent")["owner"] == "tenant"
+    assert httpx.delete(f"{voice_server.http}/v1/voices/agent").status_code == 204
+    back = httpx.get(f"{voice_server.http}/v1/voices/agent").json()
+    assert back["owner"] == "shared"  # the shared voice shows through again
+
+
+# -- deleting ---------------------------------------------------------------------------
+
+
+def test_delete_removes_the_file_and_the_voice(voice_server, phone):
+    http = voice_server.http
+    r = create(voice_server, audio=wav_bytes(pcm_of(phone), PHONE), name="temp")
+    assert r.status_code == 201, r.text
+    assert_speaks(voice_server, "temp")  # primes and caches its flow state
+    acoustic = voice_server.engine.acoustic
+    assert "default/temp" in acoustic._primed_states
+    path = voice_server.voice_server.config.voices_dir / "default" / "temp.pt"  # type: ignore[operator]
+    assert path.is_file()
+
+    assert httpx.delete(f"{http}/v1/voices/temp").status_code == 204
+    assert not path.exists()
+    assert "default/temp" not in voice_server.engine.model.voices
+    assert "default/temp" not in acoustic._primed_states
+    assert "temp" not in httpx.get(f"{http}/v1/voices").json()["voices"]
+    assert_error(httpx.get(f"{http}/v1/voices/temp"), 404, "unknown_voice")
+    assert_error(httpx.delete(f"{http}/v1/voices/temp"), 404, "unknown_voice")
+    assert run(start_error(voice_server, "temp"))["code"] == "unknown_voice"
+    # the name is free again
+    again = create(voice_server, audio=wav_bytes(pcm_of(phone), PHONE), name="temp")
+    assert again.status_code == 201, again.text
+
+
+def test_shared_voices_cannot_be_deleted(voice_server):
+    r = httpx.delete(f"{voice_server.http}/v1/voices/agent")
+    assert_error(r, 403, "forbidden")
+    assert "agent" in httpx.get(f"{voice_server.http}/v1/voices").json()["voices"]
+    assert_error(httpx.delete(f"{voice_server.http}/v1/voices/nobody"), 404, "unknown_voice")
+
+
+# -- refusals ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def refusing_server(clone_dir, tmp_path_factory) -> Iterator[BackgroundServer]:
+    """One server for every refusal: it must go on serving after each."""
+    config = ServerConfig(
+        port=free_port(), voices_dir=tmp_path_factory.mktemp("voices"), playout=FAST
+    )
+    with BackgroundServer(fresh_model(clone_dir), config) as server:
+        yield server
+
+
+def _speech_of(seconds: float) -> np.ndarray:
+    """Real speech of about `seconds`, prompts joined end to end."""
+    parts, total = [], 0
+    for p in phone_speech.prompts():
+        if p.is_speech:
+            parts.append(pcm_of(p))
+            total += len(p.pcm)
+            if total >= seconds * PHONE:
+                break
+    return np.concatenate(parts)[: int(seconds * PHONE)]
+
+
+def _tone(seconds: float, amplitude: float, rate: int = 16000) -> np.ndarray:
+    t = np.arange(int(seconds * rate)) / rate
+    return np.clip(amplitude * np.sin(2 * np.pi * 440 * t), -1.0, 1.0)
+
+
+REFUSALS: dict[str, tuple[Callable[[phone_speech.Prompt], bytes], int, str]] = {
+    "too short (0.4 s of speech)": (
+        lambda p: wav_bytes(pcm_of(p)[: int(0.4 * PHONE)], PHONE),
+        422,
+        "audio_too_short",
+    ),
+    "too long (35 s of speech)": (
+        lambda p: wav_bytes(_speech_of(35), PHONE),
+        422,
+        "audio_too_long",
+    ),
+    "a tone at full scale": (lambda p: wav_bytes(_tone(2, 1.0), 16000), 422, "audio_clipped"),
+    "hard-clipped speech": (
+        lambda p: wav_bytes(np.clip(8 * pcm_of(p), -1, 1), PHONE),
+        422,
+        "audio_clipped",
+    ),
+    "2 s of zeros": (lambda p: wav_bytes(np.zeros(2 * PHONE), PHONE), 422, "audio_silent"),
+    "2 s of -70 dBFS noise": (
+        lambda p: wav_bytes(
+            np.random.default_rng(0).standard_normal(2 * 16000) * 10 ** (-70 / 20), 16000
+        ),
+        422,
+        "audio_silent",
+    ),
+    "random bytes": (
+        lambda p: np.random.default_rng(1).bytes(40_000),
+        422,
+        "audio_unreadable",
+    ),
+    "a text file": (lambda p: b"Hello, this is not audio.\n" * 200, 422, "audio_unreadable"),
+    "a WAV header and no samples": (
+        lambda p: wav_bytes(np.zeros(0), PHONE),
+        422,
+        "audio_unreadable",
+    ),
+    "over 10 MiB": (lambda p: bytes(MAX_UPLOAD_BYTES + 1), 413, "audio_too_large"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_bad_reference_audio_is_refused_with_its_code(refusing_server, phone, case):
+    make, status, code = REFUSALS[case]
+    body = assert_error(create(refusing_server, audio=make(phone), transcript="x"), status, code)
+    assert any(ch.isdigit() for ch in body["message"]), body  # says how far off it is
+    if code == "audio_too_short":
+        assert "3-10 s" in body["message"]
+    assert httpx.get(f"{refusing_server.http}/healthz").status_code == 200
+    voices_dir = refusing_server.voice_server.config.voices_dir
+    assert voices_dir is not None and not list(voices_dir.rglob("*.pt"))  # nothing saved
+
+
+@needs_multipart
+def test_a_too_large_multipart_upload_is_refused(refusing_server):
+    r = create_form(refusing_server, bytes(MAX_UPLOAD_BYTES + 1), "big.wav")
+    assert_error(r, 413, "audio_too_large")
+
+
+def test_a_body_without_length_is_cut_off_at_the_cap(refusing_server):
+    def chunks() -> Iterator[bytes]:  # chunked transfer: the server cannot know ahead
+        yield b'{"audio": "'
+        for _ in range(16):
+            yield b"A" * (1024 * 1024)
+        yield b'"}'
+
+    r = httpx.post(
+        f"{refusing_server.http}/v1/voices",
+        content=chunks(),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert_error(r, 413, "audio_too_large")
+
+
+JSON = {"Content-Type": "application/json"}
+WAV = {"Content-Type": "audio/wav"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "code"),
+    [
+        ({"content": b"{not json", "headers": JSON}, 400, "invalid_json"),
+        ({"json": [1, 2]}, 400, "invalid_message"),
+        ({"json": {"name": "x"}}, 400, "invalid_message"),
+        ({"json": {"audio": "***"}}, 400, "invalid_parameter"),
+        ({"json": {"audio": "AAAA", "name": "../etc"}}, 400, "invalid_parameter"),
+        ({"json": {"audio": "AAAA", "name": 5}}, 400, "invalid_parameter"),
+        ({"json": {"audio": "AAAA", "language": "klingon"}}, 400, "invalid_parameter"),
+        ({"json": {"audio": "AAAA", "transcript": "x" * 1001}}, 400, "invalid_parameter"),
+        ({"content": b"RIFF", "headers": WAV}, 415, "unsupported_media_type"),
+    ],
+)  # fmt: skip
+def test_malformed_requests_are_refused(refusing_server, kwargs, status, code):
+    r = httpx.post(f"{refusing_server.http}/v1/voices", timeout=30, **kwargs)
+    assert_error(r, status, code)
+
+
+def test_the_server_serves_on_after_refusals(refusing_server, phone):
+    """Runs after the refusals above, on the same server."""
+    r = create(refusing_server, audio=wav_bytes(pcm_of(phone), PHONE), name="after")
+    assert r.status_code == 201, r.text
+    assert_speaks(refusing_server, "after")
+    assert_speaks(refusing_server, "agent")
+
+
+def test_a_model_without_a_frontend_cannot_clone(make_server, tiny_dir, tmp_path, phone):
+    server = make_server(checkpoint.load(tiny_dir), voices_dir=tmp_path / "voices")
+    body = assert_error(
+        create(server, audio=wav_bytes(pcm_of(phone), PHONE)), 501, "voice_cloning_unsupported"
+    )
+    assert "campplus.onnx" in body["message"] and "speech_tokenizer_v2.onnx" in body["message"]
+    assert httpx.get(f"{server.http}/v1/voices").json()["voices"]  # listing still works
+
+
+# -- tenants ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def site(make_server, clone_dir, tmp_path) -> tuple[BackgroundServer, str, str]:
+    """Auth on: API keys of tenants acme and globex."""
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text("")
+    acme, _ = keys.add_key(keys_file, "acme")
+    globex, _ = keys.add_key(keys_file, "globex")
+    auth = AuthConfig("on", keys_file, SECRET, token_ttl_s=600)  # type: ignore[arg-type]
+    server = make_server(
+        fresh_model(clone_dir), voices_dir=tmp_path / "voices", playout=FAST, auth=auth
+    )
+    return server, acme, globex
+
+
+def test_tenants_never_see_use_or_delete_each_others_voices(site, phone):
+    server, acme, globex = site
+    http = server.http
+    audio = wav_bytes(pcm_of(phone), PHONE)
+
+    def get(path: str, key: str) -> httpx.Response:
+        return httpx.get(f"{http}{path}", headers={"Authorization": f"Bearer {key}"})
+
+    def delete(path: str, key: str) -> httpx.Response:
+        return httpx.delete(f"{http}{path}", headers={"Authorization": f"Bearer {key}"})
+
+    assert_error(create(server, audio=audio, name="secret"), 401, "unauthorized")
+    r = create(server, acme, audio=audio, name="secret", transcript=phone.text)
+    assert r.status_code == 201, r.text
+    assert (server.voice_server.config.voices_dir / "acme" / "secret.pt").is_file()  # type: ignore[operator]
+
+    assert "secret" in get("/v1/voices", acme).json()["voices"]
+    assert "secret" not in get("/v1/voices", globex).json()["voices"]
+    assert_error(get("/v1/voices/secret", globex), 404, "unknown_voice")
+    assert_error(delete("/v1/voices/secret", globex), 404, "unknown_voice")
+    assert run(start_error(server, "secret", globex))["code"] == "unknown_voice"
+    assert_speaks(server, "secret", acme)
+
+    # globex may have its own "secret": a different voice, the same name
+    r = create(
+        server, globex, audio=encoded(pcm_of(phone), PHONE, "mp3", "libmp3lame"), name="secret"
+    )
+    assert r.status_code == 201, r.text
+    assert get("/v1/voices/secret", globex).json()["transcript"] is None
+    assert get("/v1/voices/secret", acme).json()["transcript"] == phone.text
+    assert delete("/v1/voices/secret", globex).status_code == 204
+    assert get("/v1/voices/secret", acme).status_code == 200  # acme's is untouched
+    assert "acme/secret" in server.engine.model.voices
+
+    # a session token (a browser's) lists and uses, but does not make or delete voices
+    token = httpx.post(
+        f"{http}/v1/tokens", json={"ttl_s": 60}, headers={"Authorization": f"Bearer {acme}"}
+    ).json()["token"]
+    assert "secret" in get("/v1/voices", token).json()["voices"]
+    assert_error(create(server, token, audio=audio, name="other"), 403, "forbidden")
+    assert_error(delete("/v1/voices/secret", token), 403, "forbidden")
+    scoped = httpx.post(
+        f"{http}/v1/tokens",
+        json={"voice": "agent"},
+        headers={"Authorization": f"Bearer {acme}"},
+    ).json()["token"]
+    assert get("/v1/voices", scoped).json()["voices"] == ["agent"]
+    assert_error(get("/v1/voices/secret", scoped), 404, "unknown_voice")
+
+
+# -- the LM prompt of a voice without transcript, embedded and SGLang -------------------
+
+
+def test_both_lm_backends_build_the_same_prompt_for_both_kinds_of_voice(tmp_path, tiny_model):
+    from dataclasses import replace
+
+    from voiceagent.engine.embedded import EmbeddedEngine
+    from voiceagent.engine.sglang.client import SGLangLM
+    from voiceagent.engine.sglang.export import export_sglang, prompt_ids
+    from voiceagent.model.sampling import SamplingParams
+
+    meta = export_sglang(tiny_model, tmp_path)
+    sglang = SGLangLM(tiny_model, "http://127.0.0.1:9", tmp_path)
+    sent: list[list[int]] = []
+
+    async def capture(rid, ids, *args) -> None:
+        sent.append(ids)
+
+    sglang._run = capture  # type: ignore[method-assign]
+    embedded = EmbeddedEngine(tiny_model)
+    zero_shot = tiny_model.voices["agent"]
+    cross = replace(zero_shot, lm_prompt=False)
+    text = tiny_model.tokenizer.encode("Hello there.")
+
+    async def prompts() -> list[int]:
+        lengths = []
+        for voice in (zero_shot, cross):
+            gen = torch.Generator().manual_seed(0)
+            stream = embedded.lm.generate(text, voice, SamplingParams(), gen, 1, 10)
+            lengths.append(stream.prompt_tokens)
+            stream = sglang.generate(text, voice, SamplingParams(), gen, 1, 10)
+            await asyncio.sleep(0)
+        return lengths
+
+    lengths = run(prompts())
+    zs = list(zero_shot.prompt_text_ids) + text
+    assert sent == [
+        prompt_ids(meta, zs, list(zero_shot.prompt_tokens)),
+        prompt_ids(meta, text, []),  # cross-lingual: neither prompt text nor prompt speech
+    ]
+    assert lengths == [len(sent[0]), len(sent[1])]
+
+
+def test_voice_files_keep_the_lm_prompt_flag_and_older_files_load(tmp_path):
+    from test_voice_store import a_voice
+
+    from voiceagent.model.voice_store import save_voice
+
+    cross = a_voice("cross")
+    from dataclasses import replace
+
+    save_voice(tmp_path, replace(cross, lm_prompt=False), "", {"language": "en"})
+    voice, text, meta = read_voice_file(tmp_path / "cross.pt")
+    assert not voice.lm_prompt and text == "" and meta == {"language": "en"}
+    # a file written before the flag and the metadata existed
+    old = {
+        "prompt_text": "hello",
+        "prompt_text_ids": torch.tensor(cross.prompt_text_ids),
+        "prompt_tokens": torch.tensor(cross.prompt_tokens),
+        "prompt_mel": cross.prompt_mel,
+        "embedding": cross.embedding,
+    }
+    torch.save(old, tmp_path / "old.pt")
+    assert load_voice(tmp_path / "old.pt").lm_prompt
+    assert read_voice_file(tmp_path / "old.pt")[1:] == ("hello", {})
+
+
+@needs_sglang
+def test_sglang_decodes_a_voice_without_transcript_as_the_embedded_engine(tmp_path, tiny_model):
+    """A real SGLang server (tests/test_sglang.py) and the embedded LM, greedy: the same
+    tokens from the same prompt, which holds neither prompt text nor prompt speech."""
+    from dataclasses import replace
+
+    from test_sglang import SGLangServer  # starts a real, stock SGLang server
+
+    from voiceagent.engine.embedded import EmbeddedEngine
+    from voiceagent.engine.sglang.client import SGLangLM
+    from voiceagent.engine.sglang.export import export_sglang
+    from voiceagent.model.sampling import SamplingParams
+
+    voice = replace(tiny_model.voices["agent"], lm_prompt=False)
+    text = tiny_model.tokenizer.encode("Hello there, how are you?")
+
+    async def tokens(lm: Any) -> tuple[list[int], int]:
+        gen = torch.Generator().manual_seed(0)
+        stream = lm.generate(text, voice, SamplingParams(temperature=0.0), gen, 12, 40)
+        out: list[int] = []
+        async for new in stream:
+            out += new
+        return out, stream.prompt_tokens
+
+    export_sglang(tiny_model, tmp_path)
+    server = SGLangServer(tmp_path, tmp_path / "sglang.log")
+    embedded = EmbeddedEngine(tiny_model)
+    embedded.start()
+    try:
+        theirs, their_prompt = run(tokens(SGLangLM(tiny_model, server.url, tmp_path)))
+        ours, our_prompt = run(tokens(embedded.lm))
+    finally:
+        embedded.stop()
+        server.kill()
+    assert their_prompt == our_prompt == len(text) + 2
+    assert len(ours) == 40 and theirs == ours

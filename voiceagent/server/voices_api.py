@@ -1,0 +1,295 @@
+"""HTTP entries of the voice registry (voices/registry.py; docs/voices.md):
+
+GET    /v1/voices        the caller's voices: {"voices": [names], "data": [voice objects]}
+POST   /v1/voices        a new voice from reference audio: multipart/form-data (`file`,
+                         `name`, `transcript`, `language`) or JSON (`audio` in base64)
+GET    /v1/voices/{id}   one voice
+DELETE /v1/voices/{id}   204; the caller's own voices only
+
+Errors are `{"type": "error", "code": ..., "message": ...}` with the HTTP status of
+STATUS. Making and deleting voices needs an API key when auth is on (a session token is
+a browser's, possibly scoped to one voice: 403 `forbidden`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import importlib.util
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from starlette.datastructures import UploadFile
+from starlette.formparsers import MultiPartException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Message
+
+from ..auth.gate import Principal, principal_of
+from ..engine.embedded import EmbeddedEngine
+from ..model.speech_model import SpeechModel
+from ..protocol.errors import ErrorCode
+from ..protocol.session import Catalog
+from ..voices.reference import MAX_UPLOAD_BYTES, ReferenceAudioError
+from ..voices.registry import VoiceError, VoiceRegistry
+
+log = logging.getLogger(__name__)
+
+# The body may hold the audio in base64 (4/3 of it) and a few form fields.
+MAX_BODY_BYTES = math.ceil(MAX_UPLOAD_BYTES * 4 / 3) + 64 * 1024
+MAX_FIELD_BYTES = 64 * 1024
+HAS_MULTIPART = importlib.util.find_spec("python_multipart") is not None
+
+STATUS = {
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.INVALID_MESSAGE: 400,
+    ErrorCode.INVALID_PARAMETER: 400,
+    ErrorCode.FORBIDDEN: 403,
+    ErrorCode.UNKNOWN_VOICE: 404,
+    ErrorCode.VOICE_EXISTS: 409,
+    ErrorCode.AUDIO_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.AUDIO_UNREADABLE: 422,
+    ErrorCode.AUDIO_TOO_SHORT: 422,
+    ErrorCode.AUDIO_TOO_LONG: 422,
+    ErrorCode.AUDIO_CLIPPED: 422,
+    ErrorCode.AUDIO_SILENT: 422,
+    ErrorCode.INTERNAL_ERROR: 500,
+    ErrorCode.VOICE_CLONING_UNSUPPORTED: 501,
+}
+
+
+def error(code: ErrorCode, message: str) -> JSONResponse:
+    body = {"type": "error", "code": str(code), "message": message}
+    return JSONResponse(body, status_code=STATUS[code])
+
+
+@dataclass(frozen=True)
+class Upload:
+    audio: bytes
+    name: str | None
+    transcript: str | None
+    language: str
+
+
+class _Config(Protocol):
+    @property
+    def voices_dir(self) -> Path | None: ...
+
+
+class VoiceServer(Protocol):
+    """What the entries use of server/app.py's VoiceServer."""
+
+    @property
+    def engine(self) -> EmbeddedEngine: ...
+
+    @property
+    def config(self) -> _Config: ...
+
+    def rescan_voices(self) -> None: ...
+
+    def catalog_for(self, principal: Principal) -> Catalog: ...
+
+
+class _Host:
+    """The server as the registry sees it."""
+
+    def __init__(self, server: VoiceServer) -> None:
+        self.server = server
+
+    @property
+    def model(self) -> SpeechModel:
+        return self.server.engine.model
+
+    @property
+    def voices_dir(self) -> Path | None:
+        return self.server.config.voices_dir
+
+    def rescan_voices(self) -> None:
+        self.server.rescan_voices()
+
+    def catalog_for(self, principal: Principal) -> Catalog:
+        return self.server.catalog_for(principal)
+
+    def forget_voice(self, key: str) -> None:
+        self.server.engine.acoustic.forget_voice(key)
+
+
+async def _read_body(request: Request) -> bytes:
+    """The whole body, refused as soon as it passes MAX_BODY_BYTES (never buffered past)."""
+    too_large = VoiceError(
+        ErrorCode.AUDIO_TOO_LARGE,
+        f"the request is larger than {MAX_BODY_BYTES / 2**20:.1f} MiB; the audio may be at "
+        f"most {MAX_UPLOAD_BYTES / 2**20:g} MiB",
+    )
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _text_field(value: Any, field: str) -> str | None:
+    if value is None or isinstance(value, str):
+        return value or None
+    raise VoiceError(ErrorCode.INVALID_PARAMETER, f"'{field}' must be a string")
+
+
+def _from_json(body: bytes) -> Upload:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise VoiceError(
+            ErrorCode.INVALID_JSON, "the body is not JSON: {audio, name?, transcript?, language?}"
+        ) from None
+    if not isinstance(data, dict):
+        raise VoiceError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
+    audio = data.get("audio")
+    if not isinstance(audio, str) or not audio:
+        raise VoiceError(
+            ErrorCode.INVALID_MESSAGE, "'audio' (the reference audio in base64) is required"
+        )
+    if audio.startswith("data:") and "," in audio:  # a data: URL, as a browser makes it
+        audio = audio.split(",", 1)[1]
+    try:
+        raw = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        raise VoiceError(ErrorCode.INVALID_PARAMETER, "'audio' is not valid base64") from None
+    language = _text_field(data.get("language"), "language") or "auto"
+    return Upload(
+        raw,
+        _text_field(data.get("name"), "name"),
+        _text_field(data.get("transcript"), "transcript"),
+        language,
+    )
+
+
+async def _from_form(request: Request, body: bytes) -> Upload:
+    if not HAS_MULTIPART:
+        raise VoiceError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            "this server cannot read multipart/form-data (python-multipart is not installed); "
+            "send application/json with the audio in base64",
+        )
+    sent = False
+
+    async def replay() -> Message:  # the body again, already read and size-checked
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(
+            max_files=1, max_fields=8, max_part_size=MAX_FIELD_BYTES
+        )
+    except MultiPartException as exc:
+        raise VoiceError(ErrorCode.INVALID_MESSAGE, f"malformed multipart body: {exc}") from None
+    try:
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise VoiceError(
+                ErrorCode.INVALID_MESSAGE, "the form needs a 'file' part holding the audio"
+            )
+        audio = await upload.read()
+        fields = {k: form.get(k) for k in ("name", "transcript", "language")}
+        for key, value in fields.items():
+            if value is not None and not isinstance(value, str):
+                raise VoiceError(ErrorCode.INVALID_PARAMETER, f"'{key}' must be a text field")
+        return Upload(
+            audio,
+            _text_field(fields["name"], "name"),
+            _text_field(fields["transcript"], "transcript"),
+            _text_field(fields["language"], "language") or "auto",
+        )
+    finally:
+        await form.close()
+
+
+async def read_upload(request: Request) -> Upload:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind not in ("multipart/form-data", "application/json"):
+        raise VoiceError(
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type {kind or 'none'!r}: send multipart/form-data (a 'file' part) or "
+            "application/json ('audio' in base64)",
+        )
+    body = await _read_body(request)
+    if kind == "application/json":
+        return _from_json(body)
+    return await _from_form(request, body)
+
+
+def _may_manage(principal: Principal) -> None:
+    if principal.kind == "token":
+        raise VoiceError(
+            ErrorCode.FORBIDDEN, "voices are made and deleted with an API key, not a session token"
+        )
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _answering(handler: Handler) -> Handler:
+    """Coded refusals as JSON errors; anything else logged and a 500."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except (VoiceError, ReferenceAudioError) as exc:
+            return error(exc.code, exc.message)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error(ErrorCode.INTERNAL_ERROR, "the request failed unexpectedly (logged)")
+
+    return answer
+
+
+def voice_routes(server: VoiceServer) -> list[BaseRoute]:
+    registry = VoiceRegistry(_Host(server))
+
+    async def collection(request: Request) -> Response:
+        principal = principal_of(request)
+        if request.method == "GET":
+            infos = registry.list(principal)
+            return JSONResponse(
+                {"voices": [i.id for i in infos], "data": [i.to_json() for i in infos]}
+            )
+        _may_manage(principal)
+        upload = await read_upload(request)
+        if len(upload.audio) > MAX_UPLOAD_BYTES:
+            raise VoiceError(
+                ErrorCode.AUDIO_TOO_LARGE,
+                f"the audio is {len(upload.audio) / 2**20:.1f} MiB; at most "
+                f"{MAX_UPLOAD_BYTES / 2**20:g} MiB is accepted",
+            )
+        info = await registry.create(
+            principal, upload.audio, upload.name, upload.transcript, upload.language
+        )
+        return JSONResponse(info.to_json(), status_code=201)
+
+    async def item(request: Request) -> Response:
+        principal = principal_of(request)
+        voice_id = request.path_params["voice_id"]
+        if request.method == "GET":
+            return JSONResponse(registry.get(principal, voice_id).to_json())
+        _may_manage(principal)
+        registry.delete(principal, voice_id)
+        return Response(status_code=204)
+
+    return [
+        Route("/v1/voices", _answering(collection), methods=["GET", "POST"]),
+        Route("/v1/voices/{voice_id}", _answering(item), methods=["GET", "DELETE"]),
+    ]
