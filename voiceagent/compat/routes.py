@@ -5,8 +5,11 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from ..session.port import SessionHost
-from .openai import openai_routes
+from .cartesia import cartesia_routes
+
+# The OpenAI speech routes (openai.py) join once audio/containers.py, their streaming
+# encoders, is in this branch: `from .openai import openai_routes`, `*openai_routes(host)`.
 
 
 def compat_routes(host: SessionHost) -> list[BaseRoute]:
-    return [*openai_routes(host)]
+    return [*cartesia_routes(host)]

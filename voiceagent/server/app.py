@@ -11,9 +11,11 @@ POST /v1/webrtc/offer  WebRTC sessions: SDP offer in, answer out (transport/webr
 WS   /v1/telephony/{twilio,telnyx,vonage}  phone calls' media streams (docs/telephony.md)
 WS   /v1/telephony/asterisk  Asterisk's WebSocket channel (and AudioSocket on its TCP port)
 WS   /v1/calls     a bot attaches to a call and drives it
+WS   /tts/websocket  Cartesia-compatible streaming speech (compat/cartesia.py)
+POST /tts/bytes    Cartesia-compatible speech in one request
 GET  /             the browser demo (web/), when that folder exists
 
-Every /v1/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
+Every /v1/ and /tts/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from ..auth.gate import (
     exposure_warning,
     principal_of,
 )
+from ..compat.routes import compat_routes
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
@@ -132,6 +135,7 @@ class VoiceServer:
             Route("/v1/voices", self.voices),
             Route("/v1/tokens", self.tokens, methods=["POST"]),
             WebSocketRoute("/v1/ws", self._websocket),
+            *compat_routes(self),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
             WebSocketRoute("/v1/calls", self._bot),
             WebSocketRoute("/v1/telephony/asterisk", self._asterisk),
