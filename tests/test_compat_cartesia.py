@@ -410,3 +410,222 @@ def test_with_auth_on_a_key_is_needed_in_a_header_or_the_url(make_server, tmp_pa
     assert len(audio) > 16000 and bytes(heard.audio) == audio
     r = httpx.post(server.http + "/tts/bytes", json={"transcript": SHORT})
     assert (r.status_code, r.json()["code"]) == (401, "unauthorized")
+
+
+# -- Pipecat ----------------------------------------------------------------------------
+
+
+class Tap:
+    """A Pipecat processor that keeps every frame passing it (but the start)."""
+
+    def __init__(self) -> None:
+        from pipecat.frames.frames import StartFrame
+        from pipecat.processors.frame_processor import FrameProcessor
+
+        tap = self
+
+        class Processor(FrameProcessor):
+            async def process_frame(self, frame: Any, direction: Any) -> None:
+                await super().process_frame(frame, direction)
+                if not isinstance(frame, StartFrame):
+                    tap.frames.append(frame)
+                    tap.changed.set()
+                await self.push_frame(frame, direction)
+
+        self.frames: list[Any] = []
+        self.changed = asyncio.Event()
+        self.processor = Processor()
+
+    async def wait_for(self, found: Callable[[Any], bool]) -> Any:
+        async with asyncio.timeout(TIMEOUT):
+            while True:
+                for frame in self.frames:
+                    if found(frame):
+                        return frame
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def pipecat_pipeline(service: Any, drive: Callable[[Any, Tap, Tap], Any]) -> None:
+    """`service` between two taps in a pipeline, run until `drive(worker, up, down)` is
+    done (then an EndFrame ends it)."""
+    from pipecat.frames.frames import EndFrame
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.workers.runner import WorkerRunner
+
+    up, down = Tap(), Tap()
+    pipeline = Pipeline([up.processor, service, down.processor])
+    worker = PipelineWorker(pipeline, cancel_on_idle_timeout=False, params=PipelineParams())
+    started = asyncio.Event()
+
+    @worker.event_handler("on_pipeline_started")
+    async def _started(worker: Any, frame: Any) -> None:
+        started.set()
+
+    async def run_drive() -> None:
+        async with asyncio.timeout(TIMEOUT):
+            await started.wait()
+        try:
+            await drive(worker, up, down)
+        finally:
+            await worker.queue_frame(EndFrame())
+
+    runner = WorkerRunner()
+    await runner.add_workers(worker)
+    async with asyncio.timeout(2 * TIMEOUT):
+        await asyncio.gather(runner.run(), run_drive())
+
+
+def bytes_of(server: Any, text: str, rate: int = 16000) -> bytes:
+    body = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(rate=rate)}
+    r = httpx.post(server.http + "/tts/bytes", json={**body, "transcript": text}, timeout=TIMEOUT)
+    assert r.status_code == 200
+    return r.content
+
+
+def test_pipecat_speaks_is_interrupted_mid_utterance_and_speaks_again(server):
+    from pipecat.frames.frames import (
+        ErrorFrame,
+        InterruptionFrame,
+        TTSAudioRawFrame,
+        TTSSpeakFrame,
+        TTSStoppedFrame,
+        TTSTextFrame,
+    )
+    from pipecat.services.cartesia.tts import CartesiaTTSService
+
+    service = CartesiaTTSService(
+        api_key="any",
+        url=ws_url(server),
+        sample_rate=16000,
+        settings=CartesiaTTSService.Settings(voice="agent", model="sonic-3"),
+    )
+    cancelled = turns(server, "cancelled")
+    seen: dict[str, Any] = {}
+
+    def audio_of(down: Tap, context_id: str) -> list[Any]:
+        return [
+            f for f in down.frames if isinstance(f, TTSAudioRawFrame) and f.context_id == context_id
+        ]
+
+    async def drive(worker: Any, up: Tap, down: Tap) -> None:
+        def stopped(n: int) -> Callable[[Any], bool]:
+            return lambda f: sum(isinstance(g, TTSStoppedFrame) for g in down.frames) >= n
+
+        await worker.queue_frame(TTSSpeakFrame(TEXT))
+        first = (await down.wait_for(stopped(1))).context_id
+        seen["first"] = (
+            audio_of(down, first),
+            [f for f in down.frames if isinstance(f, TTSTextFrame)],
+        )
+
+        await worker.queue_frame(TTSSpeakFrame(LONG))
+        long_audio = await down.wait_for(
+            lambda f: isinstance(f, TTSAudioRawFrame) and f.context_id != first
+        )
+        await worker.queue_frame(InterruptionFrame())
+        await down.wait_for(lambda f: isinstance(f, InterruptionFrame))
+        heard = len(audio_of(down, long_audio.context_id))
+        await until(lambda: live_turns(server) == 0)  # the server dropped the context
+
+        await worker.queue_frame(TTSSpeakFrame(SHORT))
+        last = await down.wait_for(
+            lambda f: (
+                isinstance(f, TTSStoppedFrame)
+                and f.context_id not in (first, long_audio.context_id)
+            )
+        )
+        seen["cut"] = (heard, len(audio_of(down, long_audio.context_id)))
+        seen["last"] = audio_of(down, last.context_id)
+        seen["errors"] = [f for f in up.frames if isinstance(f, ErrorFrame)]
+
+    run(pipecat_pipeline(service, drive))
+    first_audio, words = seen["first"]
+    assert b"".join(f.audio for f in first_audio) == bytes_of(server, TEXT)
+    assert all(f.sample_rate == 16000 and f.num_channels == 1 for f in first_audio)
+    assert " ".join(f.text for f in words).split() == words_of(TEXT)
+    heard, in_the_end = seen["cut"]
+    assert heard == in_the_end  # not a frame of the cut utterance after the interruption
+    assert turns(server, "cancelled") == cancelled + 1  # and the server stopped making it
+    assert b"".join(f.audio for f in seen["last"]) == bytes_of(server, SHORT)
+    assert seen["errors"] == []
+
+
+def test_pipecat_over_http_gets_the_whole_utterance(server):
+    from pipecat.frames.frames import ErrorFrame, TTSAudioRawFrame, TTSSpeakFrame, TTSStoppedFrame
+    from pipecat.services.cartesia.tts import CartesiaHttpTTSService
+
+    service = CartesiaHttpTTSService(
+        api_key="any",
+        base_url=server.http,
+        sample_rate=16000,
+        settings=CartesiaHttpTTSService.Settings(voice="agent", model="sonic-3"),
+    )
+    seen: dict[str, list[Any]] = {}
+
+    async def drive(worker: Any, up: Tap, down: Tap) -> None:
+        await worker.queue_frame(TTSSpeakFrame(SHORT))
+        await down.wait_for(lambda f: isinstance(f, TTSStoppedFrame))
+        seen["audio"] = [f for f in down.frames if isinstance(f, TTSAudioRawFrame)]
+        seen["errors"] = [f for f in up.frames if isinstance(f, ErrorFrame)]
+
+    run(pipecat_pipeline(service, drive))
+    assert b"".join(f.audio for f in seen["audio"]) == bytes_of(server, SHORT)
+    assert seen["errors"] == []
+
+
+# -- LiveKit ----------------------------------------------------------------------------
+
+
+def test_livekit_streams_and_synthesizes_and_survives_a_stream_closed_midway(server):
+    import aiohttp
+    from livekit.agents.types import USERDATA_TIMED_TRANSCRIPT
+    from livekit.plugins import cartesia
+
+    sentences = ["Hello there, this is a test. ", "It has two sentences."]
+    cancelled = turns(server, "cancelled")
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            tts = cartesia.TTS(
+                api_key="any", base_url=server.http, voice="agent", http_session=session
+            )
+            try:
+                stream = tts.stream()
+                for sentence in sentences:
+                    stream.push_text(sentence)
+                stream.flush()
+                stream.end_input()
+                frames, words = [], []
+                async with asyncio.timeout(TIMEOUT):
+                    async for ev in stream:
+                        frames.append(ev.frame)
+                        words += ev.frame.userdata.get(USERDATA_TIMED_TRANSCRIPT, [])
+                whole = [ev.frame async for ev in tts.synthesize(TEXT)]
+
+                cut = tts.stream()
+                cut.push_text(LONG)
+                cut.end_input()
+                async with asyncio.timeout(TIMEOUT):
+                    await anext(cut)  # audio is coming: close it there
+                await cut.aclose()
+                again = [ev.frame async for ev in tts.synthesize(SHORT)]
+            finally:
+                await tts.aclose()
+            await until(lambda: live_turns(server) == 0)
+            return frames, words, whole, again
+
+    frames, words, whole, again = run(go())
+    samples = np.concatenate([np.frombuffer(f.data, "<i2") for f in frames])
+    assert all(f.sample_rate == 24000 and f.num_channels == 1 for f in frames)
+    assert 2.0 < len(samples) / 24000 < 15.0
+    assert "".join(words).split() == words_of("".join(sentences))
+    starts = [w.start_time for w in words]
+    assert starts == sorted(starts) and words[-1].end_time <= len(samples) / 24000 + 0.02
+    pcm = b"".join(bytes(f.data) for f in whole)
+    expected = bytes_of(server, TEXT, 24000)
+    assert pcm[: len(expected)] == expected  # LiveKit pads its last frame with silence
+    assert len(pcm) - len(expected) < 2 * 2400 and not any(pcm[len(expected) :])
+    assert len(b"".join(bytes(f.data) for f in again)) > 24000
+    assert turns(server, "cancelled") == cancelled + 1  # the closed stream's context
