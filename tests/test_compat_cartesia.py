@@ -21,10 +21,13 @@ import pytest
 import websockets
 from cartesia import AsyncCartesia
 from conftest import run
+from test_voice_store import a_voice
 
 from voiceagent.audio.codecs import alaw_decode, mulaw_decode
 from voiceagent.auth import keys
 from voiceagent.auth.gate import AuthConfig
+from voiceagent.model import checkpoint
+from voiceagent.model.voice_store import save_voice
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.text.timing import words_of
@@ -408,11 +411,20 @@ def test_bytes_refuses_bad_requests_with_an_http_status_and_a_code(server):
         assert (r.status_code, r.json()["error_code"], r.json()["type"]) == (status, code, "error")
 
 
-def test_with_auth_on_a_key_is_needed_in_a_header_or_the_url(make_server, tmp_path):
+def test_with_auth_on_a_key_is_needed_and_a_tenant_speaks_with_its_own_voices(
+    make_server, tiny_dir, tmp_path
+):
     keys_file = tmp_path / "keys.toml"
     keys_file.write_text("")
-    key, _ = keys.add_key(keys_file, "acme")
-    server = make_server(auth=AuthConfig("on", keys_file, "secret"))
+    acme, _ = keys.add_key(keys_file, "acme")
+    globex, _ = keys.add_key(keys_file, "globex")
+    voices = tmp_path / "voices"
+    save_voice(voices / "acme", a_voice("anna"), "anna speaking")  # acme's alone
+    server = make_server(
+        checkpoint.load(tiny_dir),  # its own copy: the server adds the voice to it
+        auth=AuthConfig("on", keys_file, "secret"),
+        voices_dir=voices,
+    )
     url = ws_url(server)
 
     async def handshake(target: str, headers: dict[str, str] | None = None) -> int:
@@ -422,28 +434,34 @@ def test_with_auth_on_a_key_is_needed_in_a_header_or_the_url(make_server, tmp_pa
         except websockets.InvalidStatus as refused:
             return refused.response.status_code
 
+    async def anna(key: str) -> Heard:
+        async with sdk(server, api_key=key) as client, client.tts.websocket_connect() as conn:
+            ctx = conn.context(
+                model_id="sonic-3", voice={"mode": "id", "id": "anna"}, output_format=raw()
+            )
+            await ctx.send(transcript=SHORT, voice={"mode": "id", "id": "anna"}, continue_=False)
+            return await receive(ctx)
+
     async def go():
         statuses = [
             await handshake(url),
             await handshake(url, {"X-API-Key": "wrong"}),
-            await handshake(url, {"X-API-Key": key, "Cartesia-Version": "2026-03-01"}),
-            await handshake(f"{url}?api_key={key}&cartesia_version=2025-04-16"),
+            await handshake(url, {"X-API-Key": acme, "Cartesia-Version": "2026-03-01"}),
+            await handshake(f"{url}?api_key={acme}&cartesia_version=2025-04-16"),
         ]
-        async with sdk(server, api_key=key) as client:  # Authorization: Bearer
+        async with sdk(server, api_key=acme) as client:  # Authorization: Bearer
             audio = await (
                 await client.tts.generate(
-                    model_id="sonic-3", output_format=raw(), transcript=SHORT, voice=VOICE
+                    model_id="sonic-3", output_format=raw(), transcript=SHORT, voice="anna"
                 )
             ).read()
-            async with client.tts.websocket_connect() as conn:
-                ctx = conn.context(model_id="sonic-3", voice=VOICE, output_format=raw())
-                await ctx.send(transcript=SHORT, voice=VOICE, continue_=False)
-                heard = await receive(ctx)
-        return statuses, heard, audio
+        return statuses, audio, await anna(acme), await anna(globex)
 
-    statuses, heard, audio = run(go())
+    statuses, audio, by_acme, by_globex = run(go())
     assert statuses == [401, 401, 101, 101]
-    assert len(audio) > 16000 and bytes(heard.audio) == audio
+    assert len(audio) > 16000 and bytes(by_acme.audio) == audio
+    assert by_acme.types[-1] == "done"
+    assert by_globex.types == ["error"] and by_globex.events[0].error_code == "unknown_voice"
     r = httpx.post(server.http + "/tts/bytes", json={"transcript": SHORT})
     assert (r.status_code, r.json()["code"]) == (401, "unauthorized")
 
