@@ -5,8 +5,9 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from ..session.port import SessionHost
+from .cartesia import cartesia_routes
 from .openai import openai_routes
 
 
 def compat_routes(host: SessionHost) -> list[BaseRoute]:
-    return [*openai_routes(host)]
+    return [*openai_routes(host), *cartesia_routes(host)]

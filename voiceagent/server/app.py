@@ -13,9 +13,11 @@ WS   /v1/telephony/{twilio,telnyx,vonage}  phone calls' media streams (docs/tele
 WS   /v1/telephony/asterisk  Asterisk's WebSocket channel (and AudioSocket on its TCP port)
 WS   /v1/calls     a bot attaches to a call and drives it
 POST /v1/audio/speech, GET /v1/models   OpenAI-compatible speech (compat/, docs/compat.md)
+WS   /tts/websocket  Cartesia-compatible streaming speech (compat/cartesia.py)
+POST /tts/bytes    Cartesia-compatible speech in one request
 GET  /             the browser demo (web/), when that folder exists
 
-Every /v1/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
+Every /v1/ and /tts/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
 """
 
 from __future__ import annotations
