@@ -5,8 +5,8 @@ from __future__ import annotations
 from starlette.routing import BaseRoute
 
 from ..session.port import SessionHost
-from .openai import openai_routes
+from .elevenlabs import elevenlabs_routes
 
 
 def compat_routes(host: SessionHost) -> list[BaseRoute]:
-    return [*openai_routes(host)]
+    return [*elevenlabs_routes(host)]

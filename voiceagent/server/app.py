@@ -46,6 +46,7 @@ from ..auth.gate import (
     exposure_warning,
     principal_of,
 )
+from ..compat.routes import compat_routes
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
@@ -132,6 +133,7 @@ class VoiceServer:
             Route("/v1/voices", self.voices),
             Route("/v1/tokens", self.tokens, methods=["POST"]),
             WebSocketRoute("/v1/ws", self._websocket),
+            *compat_routes(self),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
             WebSocketRoute("/v1/calls", self._bot),
             WebSocketRoute("/v1/telephony/asterisk", self._asterisk),
