@@ -333,7 +333,7 @@ class Context:
 
     encoder: AudioEncoder
     heard: float  # loop time of its last message or audio (for the inactivity timeout)
-    flushed: bool = False  # its last text-carrying message asked for a flush
+    flushed: bool = False  # its last message was a flush without text: input may end
     ending: bool = False  # closed after a flush: its audio finishes, then isFinal
     alignment: Alignment = field(default_factory=Alignment)
 
@@ -400,7 +400,9 @@ class ElevenLabsSocket(ContextSocket):
         if ctx is not None:
             ctx.heard = self.heard
             if flush:
-                ctx.flushed = True
+                # a flush of its own (no text with it), or one that closes too, ends the
+                # input; a sentence sent with flush (LiveKit's auto_mode) does not
+                ctx.flushed = close or not (text and text.strip())
                 self.contexts[cid].flush()
         if close:
             await self._close_context(cid)
@@ -465,9 +467,11 @@ class ElevenLabsSocket(ContextSocket):
         await self._final(cid)
 
     async def _close_context(self, cid: str) -> None:
-        """Right after a flush, `close_context` ends the context: what was sent is spoken to
-        the end, then isFinal (how Pipecat and LiveKit end an utterance). Otherwise, or a
-        second time, it is a barge-in: the context stops at once, isFinal follows."""
+        """Right after a flush of its own (`{"flush": true}` or `{"text": "", "flush":
+        true}`), or with a flush in the same message, `close_context` ends the context:
+        what was sent is spoken to the end, then isFinal. That is how Pipecat and LiveKit
+        end an utterance. Otherwise, or a second time, it is a barge-in (how both
+        interrupt): the context stops at once, and isFinal follows."""
         ctx = self.state.get(cid)
         if ctx is None:
             return  # already over (its isFinal was sent): a harmless race
