@@ -554,6 +554,7 @@ def test_audio_formats_lengths_alignment_and_determinism(server: BackgroundServe
             ("pcm_22050", 22050, 2),
             ("pcm_44100", 44100, 2),
             ("ulaw_8000", 8000, 1),
+            ("alaw_8000", 8000, 1),
         ):
             heard = await spoken(multi_url(server, fmt))
             assert len(heard.audio) % width == 0
@@ -616,6 +617,19 @@ def test_http_stream_and_errors(server: BackgroundServer) -> None:
         ok = http.post(url, params={"output_format": "pcm_16000"}, json={"text": TEXT})
         assert ok.status_code == 200 and ok.headers["content-type"].startswith("audio/pcm")
         assert len(ok.content) % 2 == 0 and len(ok.content) > 16000
+        timed = http.post(
+            f"{url}/with-timestamps",
+            params={"output_format": "pcm_16000"},
+            json={"text": TEXT, "model_id": "eleven_flash_v2_5", "previous_text": "x"},
+        )
+        assert timed.status_code == 200
+        lines = [json.loads(line) for line in timed.text.splitlines()]
+        audio = b"".join(base64.b64decode(line.get("audio_base64", "")) for line in lines)
+        assert audio == ok.content  # the same audio, with its alignment beside it
+        aligned = [line["alignment"] for line in lines if line["alignment"]]
+        assert "".join(c for al in aligned for c in al["characters"]).split() == TEXT.split()
+        end_s = aligned[-1]["character_end_times_seconds"][-1]  # seconds from the start
+        assert abs(end_s * 1000 - len(audio) / 2 / 16) <= FRAME_MS
         bad = http.post(url, params={"output_format": "pcm_16000"}, content=b"{nope")
         assert (bad.status_code, bad.json()["detail"]["status"]) == (400, "invalid_json")
         mp3 = http.post(url, json={"text": TEXT})  # ElevenLabs' default format

@@ -438,11 +438,9 @@ class ElevenLabsApi:
 
         def line(data: bytes) -> bytes:
             aligned = alignment.take_seconds()
-            item = {
-                "audio_base64": base64.b64encode(data).decode(),
-                "alignment": aligned,
-                "normalized_alignment": aligned,
-            }
+            item: dict[str, Any] = {"alignment": aligned, "normalized_alignment": aligned}
+            if data:  # (Pipecat decodes any audio_base64 it is given: none on a last line)
+                item["audio_base64"] = base64.b64encode(data).decode()
             return json.dumps(item).encode() + b"\n"
 
         async def lines() -> AsyncIterator[bytes]:
