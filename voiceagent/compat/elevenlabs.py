@@ -42,7 +42,7 @@ from .elevenlabs_wire import (
     CHUNK_MS,
     DEFAULT_FORMAT,
     Alignment,
-    AudioEncoder,
+    Encoder,
     OutputFormat,
     StreamParams,
     http_error,
@@ -70,7 +70,7 @@ DEFAULT_CONTEXT = "default"  # a multi-context message without context_id
 class Context:
     """What the socket keeps for one context beside its utterance."""
 
-    encoder: AudioEncoder
+    encoder: Encoder
     heard: float  # loop time of its last message or audio (for the inactivity timeout)
     flushed: bool = False  # its last message was a flush without text: input may end
     ending: bool = False  # closed after a flush: its audio finishes, then isFinal
@@ -465,7 +465,7 @@ class ElevenLabsApi:
 
 async def _pieces(utterance: Utterance) -> AsyncIterator[np.ndarray | SpokenSegment]:
     """The utterance's pieces, its audio cut to at most CHUNK_MS a piece."""
-    step = utterance.options.sample_rate * CHUNK_MS // 1000
+    step = utterance.options.sample_rate * CHUNK_MS // 1000  # (the utterance's rate)
     async for piece in utterance.pieces():
         if isinstance(piece, np.ndarray):
             for i in range(0, len(piece), step):

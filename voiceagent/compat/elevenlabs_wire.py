@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from starlette.responses import JSONResponse
@@ -58,10 +58,6 @@ class OutputFormat:
     sample_rate: int
 
     @property
-    def sample_bytes(self) -> int:
-        return 2 if self.codec == "pcm" else 1
-
-    @property
     def content_type(self) -> str:
         kind = {"pcm": "audio/pcm", "ulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
         return f"{kind[self.codec]};rate={self.sample_rate}"
@@ -72,16 +68,27 @@ class OutputFormat:
         since its stream encoder takes 24 kHz and resamples itself.)"""
         return self.sample_rate
 
-    def encoder(self) -> AudioEncoder:
-        return AudioEncoder(self.codec)
+    def encoder(self) -> Encoder:
+        """A new encoder for one utterance. (mp3, once containers.py lands:
+        `make_stream_encoder("mp3", self.sample_rate)`, which has this interface.)"""
+        return RawEncoder(self.codec)
 
     def chunk_samples(self) -> int:
-        return self.sample_rate * CHUNK_MS // 1000
+        """The most PCM (at the utterance's rate) one message carries."""
+        return self.utterance_rate * CHUNK_MS // 1000
 
 
-class AudioEncoder:
-    """float32 PCM at the format's rate -> the format's bytes, in stream order.
-    (mp3: a stream encoder from containers.py, whose `finish` flushes its last frame.)"""
+class Encoder(Protocol):
+    """One utterance's float32 PCM (at its format's `utterance_rate`) -> the format's
+    bytes, in stream order; `finish` returns what is left at the end."""
+
+    def encode(self, pcm: np.ndarray) -> bytes: ...
+
+    def finish(self) -> bytes: ...
+
+
+class RawEncoder:
+    """16-bit PCM, or G.711 μ-law or A-law: one sample in, one sample out."""
 
     def __init__(self, codec: str) -> None:
         self.codec = codec
