@@ -39,6 +39,8 @@ class ErrorCode(StrEnum):
     # the drop-in APIs (docs/compat.md)
     UNKNOWN_MODEL = "unknown_model"  # a model name the server does not offer
     UNKNOWN_CONTEXT = "unknown_context"  # a context id that is not open on this socket
+    TOO_MANY_CONTEXTS = "too_many_contexts"  # a socket's open contexts are at its limit
+    UNSUPPORTED_FORMAT = "unsupported_format"  # a format of the API's this server lacks
     SYNTHESIS_FAILED = "synthesis_failed"
     ENGINE_UNAVAILABLE = "engine_unavailable"  # the LM server (SGLang) cannot be reached
     # the voice registry: POST/GET/DELETE /v1/voices (docs/voices.md); HTTP only

@@ -15,6 +15,8 @@ WS   /v1/calls     a bot attaches to a call and drives it
 POST /v1/audio/speech, GET /v1/models   OpenAI-compatible speech (compat/, docs/compat.md)
 WS   /tts/websocket  Cartesia-compatible streaming speech (compat/cartesia.py)
 POST /tts/bytes    Cartesia-compatible speech in one request
+WS   /v1/text-to-speech/{voice}/multi-stream-input  ElevenLabs-style speech (compat/elevenlabs.py)
+POST /v1/voices, GET/DELETE /v1/voices[/{id}]  the voice registry (server/voices_api.py)
 GET  /             the browser demo (web/), when that folder exists
 
 Every /v1/ and /tts/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
