@@ -9,12 +9,14 @@ gives the same audio, whichever way it is asked for.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
+import av
 import httpx
 import numpy as np
 import pytest
@@ -151,9 +153,16 @@ def test_the_sdk_streams_a_context_with_word_timestamps_and_bytes_gives_the_same
             ) as streamed:
                 assert streamed.headers["content-type"] == "audio/wav"
                 wav = b"".join([part async for part in streamed.iter_bytes()])
-        return heard, whole, wav
+            response = await client.tts.generate(
+                model_id="sonic-3",
+                output_format={"container": "mp3", "sample_rate": 44100, "bit_rate": 128000},
+                transcript=TEXT,
+                voice=VOICE,
+            )
+            mp3 = await response.read()
+        return heard, whole, wav, mp3
 
-    heard, whole, wav = run(go())
+    heard, whole, wav, mp3 = run(go())
     assert heard.types[-1] == "done" and "timestamps" in heard.types
     assert all(e.context_id == heard.events[0].context_id for e in heard.events)
     chunks = [e for e in heard.events if e.type == "chunk"]
@@ -167,6 +176,15 @@ def test_the_sdk_streams_a_context_with_word_timestamps_and_bytes_gives_the_same
     assert (tag, channels, rate, bits) == (1, 1, 16000, 16)
     assert wav[36:40] == b"data" and wav[40:44] == b"\xff\xff\xff\xff"
     assert wav[44:] == whole
+    with av.open(io.BytesIO(mp3)) as f:  # mp3, encoded as it streams
+        stream = f.streams.audio[0]
+        assert (stream.codec_context.name, stream.rate, stream.bit_rate) == (
+            "mp3float",
+            44100,
+            128000,
+        )
+        mp3_s = sum(frame.samples for frame in f.decode(stream)) / 44100
+    assert abs(mp3_s - len(whole) / 2 / 16000) < 0.1
 
 
 def test_every_encoding_carries_the_same_audio_and_contexts_on_one_socket_interleave(server):
@@ -402,6 +420,16 @@ def test_bytes_refuses_bad_requests_with_an_http_status_and_a_code(server):
         (json.dumps({**good, "model_id": "eleven_v3"}).encode(), 400, "unknown_model"),
         (
             json.dumps({**good, "output_format": raw("pcm_u8", 16000)}).encode(),
+            400,
+            "invalid_parameter",
+        ),
+        (
+            json.dumps(
+                {
+                    **good,
+                    "output_format": {"container": "mp3", "sample_rate": 8000, "bit_rate": 320000},
+                }
+            ).encode(),
             400,
             "invalid_parameter",
         ),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import av
 import httpx
 import numpy as np
 import pytest
@@ -526,10 +528,10 @@ def test_unknown_voice_and_unsupported_formats_are_refused_before_the_upgrade(
             "unknown_voice",
             "unknown_voice",
         )
-        status, body = await refusal(multi_url(server, "mp3_44100_128"))
+        status, body = await refusal(multi_url(server, "mp3_44100_7"))  # no such mp3 bitrate
         assert (status, body["code"]) == (400, "unsupported_format")
-        status, body = await refusal(f"{base}/{voice_of(server)}/multi-stream-input")
-        assert (status, body["code"]) == (400, "unsupported_format")  # ElevenLabs' default: mp3
+        status, body = await refusal(multi_url(server, "opus_16000_64"))  # Opus: 48 kHz here
+        assert (status, body["code"]) == (400, "unsupported_format")
         status, body = await refusal(multi_url(server, "pcm_12345"))
         assert (status, body["code"]) == (400, "invalid_parameter")
         status, body = await refusal(multi_url(server, inactivity_timeout=999))
@@ -567,6 +569,14 @@ def test_audio_formats_lengths_alignment_and_determinism(server: BackgroundServe
                 decoded = mulaw_decode(bytes(heard.audio)).astype(np.float32)
                 assert decoded.shape == linear.shape
                 assert np.abs(decoded - linear).max() <= 0.04 * 32768  # μ-law's steps
+        for fmt, container in (("mp3_22050_32", "mp3"), ("opus_48000_64", "ogg")):
+            heard = await spoken(multi_url(server, fmt))  # encoded as it streams
+            with av.open(io.BytesIO(bytes(heard.audio))) as f:
+                assert container in f.format.name.split(",")
+                stream = f.streams.audio[0]
+                decoded_ms = sum(fr.samples for fr in f.decode(stream)) / stream.rate * 1000
+            assert abs(decoded_ms - total_ms) <= 120, fmt  # + the codec's priming
+            assert sum(span_ms(al) for al in heard.alignments) == total_ms
 
     run(main())
 
@@ -632,8 +642,13 @@ def test_http_stream_and_errors(server: BackgroundServer) -> None:
         assert abs(end_s * 1000 - len(audio) / 2 / 16) <= FRAME_MS
         bad = http.post(url, params={"output_format": "pcm_16000"}, content=b"{nope")
         assert (bad.status_code, bad.json()["detail"]["status"]) == (400, "invalid_json")
-        mp3 = http.post(url, json={"text": TEXT})  # ElevenLabs' default format
-        assert (mp3.status_code, mp3.json()["code"]) == (400, "unsupported_format")
+        mp3 = http.post(url, json={"text": TEXT})  # ElevenLabs' default format: mp3_44100_128
+        assert mp3.headers["content-type"] == "audio/mpeg"
+        with av.open(io.BytesIO(mp3.content)) as f:
+            stream = f.streams.audio[0]
+            assert (stream.codec_context.name, stream.rate) == ("mp3float", 44100)
+            decoded_s = sum(frame.samples for frame in f.decode(stream)) / 44100
+        assert abs(decoded_s - len(ok.content) / 2 / 16000) < 0.1  # the same speech
         nobody = http.post(
             url.replace(voice_of(server), "nobody"),
             params={"output_format": "pcm_16000"},

@@ -109,15 +109,17 @@ class CartesiaApi:
             utterance.close()
             return http_error(exc)
         out = gen.output
+        encoder = out.stream_encoder()
 
         async def stream() -> AsyncIterator[bytes]:
             try:
-                if out.container == "wav":
-                    yield out.wav_header()
                 if first is not None:
-                    yield out.encode(first * gen.volume)
+                    yield encoder.encode(first * gen.volume)
                 async for pcm in audio:
-                    yield out.encode(pcm * gen.volume)
+                    if data := encoder.encode(pcm * gen.volume):
+                        yield data
+                if tail := encoder.finish():
+                    yield tail
             except ApiError as exc:  # after the status line, all that is left is to stop
                 log.warning("cartesia bytes stopped: %s", exc.message)
             finally:

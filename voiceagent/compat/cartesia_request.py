@@ -18,15 +18,17 @@ from typing import Any
 import numpy as np
 
 from ..audio.codecs import alaw_encode, float_to_int16, mulaw_encode
+from ..audio.containers import make_stream_encoder
+from ..audio.format import MODEL_RATE
 from ..model.sampling import SamplingParams
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import LANGUAGES
-from .utterance import ApiError, SpeechOptions
+from .utterance import ApiError, Encoder, SpeechOptions
 
 ENCODINGS = ("pcm_s16le", "pcm_f32le", "pcm_mulaw", "pcm_alaw")
 SAMPLE_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 WS_CONTAINERS = ("raw",)  # the socket streams raw samples, as Cartesia's does
-BYTES_CONTAINERS = ("raw", "wav")  # mp3 waits for audio/containers.py
+BYTES_CONTAINERS = ("raw", "wav", "mp3")
 # Cartesia's named speeds (`speed`, and LiveKit's `generation_config.speed`), as factors.
 NAMED_SPEEDS = {"slowest": 0.6, "slow": 0.8, "normal": 1.0, "fast": 1.25, "fastest": 1.5}
 DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's default `max_buffer_delay_ms`
@@ -62,8 +64,20 @@ def _invalid(message: str) -> ApiError:
 @dataclass(frozen=True)
 class OutputFormat:
     container: str
-    encoding: str
+    encoding: str  # "mp3" in an mp3 container
     sample_rate: int
+    bit_rate: int | None = None  # mp3 only
+
+    @property
+    def pcm_rate(self) -> int:
+        """The rate to ask of the utterance: mp3's stream encoder resamples itself."""
+        return MODEL_RATE if self.container == "mp3" else self.sample_rate
+
+    def stream_encoder(self) -> Encoder:
+        """One utterance's audio (float32 at `pcm_rate`) -> this format's bytes."""
+        if self.container == "mp3":
+            return make_stream_encoder("mp3", self.sample_rate, self.bit_rate)
+        return _RawStream(self)
 
     @property
     def sample_bytes(self) -> int:
@@ -71,7 +85,8 @@ class OutputFormat:
 
     @property
     def content_type(self) -> str:
-        return "audio/wav" if self.container == "wav" else "application/octet-stream"
+        types = {"wav": "audio/wav", "mp3": "audio/mpeg"}
+        return types.get(self.container, "application/octet-stream")
 
     def encode(self, pcm: np.ndarray) -> bytes:
         """float32 mono at `sample_rate` -> this encoding's little-endian bytes."""
@@ -105,6 +120,21 @@ class OutputFormat:
         )
 
 
+class _RawStream:
+    """Raw samples, after a WAV header in the `wav` container."""
+
+    def __init__(self, fmt: OutputFormat) -> None:
+        self.fmt = fmt
+        self.header = fmt.wav_header() if fmt.container == "wav" else b""
+
+    def encode(self, pcm: np.ndarray) -> bytes:
+        header, self.header = self.header, b""
+        return header + self.fmt.encode(pcm)
+
+    def finish(self) -> bytes:
+        return self.header
+
+
 def parse_output_format(value: Any, containers: tuple[str, ...]) -> OutputFormat:
     if not isinstance(value, dict):
         raise _invalid(
@@ -116,6 +146,8 @@ def parse_output_format(value: Any, containers: tuple[str, ...]) -> OutputFormat
             f"output_format.container {str(container)[:20]!r} is not supported here; "
             f"use one of {', '.join(containers)}"
         )
+    if container == "mp3":
+        return _mp3(value)
     encoding = value.get("encoding")
     if encoding not in ENCODINGS:
         raise _invalid(f"output_format.encoding must be one of {', '.join(ENCODINGS)}")
@@ -124,6 +156,21 @@ def parse_output_format(value: Any, containers: tuple[str, ...]) -> OutputFormat
         rates = ", ".join(map(str, SAMPLE_RATES))
         raise _invalid(f"output_format.sample_rate must be one of {rates}")
     return OutputFormat(container, encoding, int(rate))
+
+
+def _mp3(value: dict[str, Any]) -> OutputFormat:
+    rate, bit_rate = value.get("sample_rate"), value.get("bit_rate")
+    if isinstance(rate, bool) or rate not in SAMPLE_RATES:
+        rates = ", ".join(map(str, SAMPLE_RATES))
+        raise _invalid(f"output_format.sample_rate must be one of {rates}")
+    if bit_rate is not None and (isinstance(bit_rate, bool) or not isinstance(bit_rate, int)):
+        raise _invalid("output_format.bit_rate must be an integer (bit/s)")
+    fmt = OutputFormat("mp3", "mp3", int(rate), bit_rate)
+    try:
+        fmt.stream_encoder()  # says which bit rates mp3 has at this rate
+    except ValueError as exc:
+        raise _invalid(f"output_format: {exc}") from None
+    return fmt
 
 
 def _voice_name(value: Any) -> str:
@@ -217,7 +264,7 @@ def parse_generation(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
         raise _invalid("seed must be a non-negative integer below 2**31")
     language = _language(body.get("language", body.get("locale")))
-    options = SpeechOptions(voice, language, speed, SamplingParams(seed=seed), output.sample_rate)
+    options = SpeechOptions(voice, language, speed, SamplingParams(seed=seed), output.pcm_rate)
     return Generation(options, output, float(volume), _flag(body, "add_timestamps"), delay)
 
 

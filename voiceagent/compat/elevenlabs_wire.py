@@ -18,24 +18,25 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from starlette.responses import JSONResponse
 
 from ..audio.codecs import alaw_encode, float_to_int16, mulaw_encode
+from ..audio.containers import CONTENT_TYPES, make_stream_encoder
+from ..audio.format import MODEL_RATE
 from ..auth.gate import Principal
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import LANGUAGES
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
-from .utterance import ApiError, find_voice
+from .utterance import ApiError, Encoder, find_voice
 
 DEFAULT_FORMAT = "mp3_44100_128"  # ElevenLabs' default when none is asked for
 PCM_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
-# Formats ElevenLabs offers that this server cannot make yet (they need an encoder and a
-# container from audio/containers.py): refused with `unsupported_format`.
-LATER_FORMATS = re.compile(r"(mp3|opus|wav)_\d{4,5}(_\d{1,3})?")
+# Encoded formats: `mp3_RATE_KBPS`, `opus_48000_KBPS` (Ogg Opus), `wav_RATE` (16-bit).
+ENCODED = re.compile(r"(mp3|opus)_(\d{4,5})_(\d{1,3})|(wav)_(\d{4,5})")
 
 DEFAULT_INACTIVITY_S = 20  # ElevenLabs' default `inactivity_timeout`
 MAX_INACTIVITY_S = 180
@@ -53,38 +54,39 @@ def invalid(message: str) -> ApiError:
 class OutputFormat:
     """One of ElevenLabs' `output_format` values this server makes."""
 
-    name: str  # as the client asked: pcm_16000, ulaw_8000, ...
-    codec: str  # pcm (int16 little-endian), ulaw or alaw (G.711, one byte a sample)
+    name: str  # as the client asked: pcm_16000, ulaw_8000, mp3_44100_128, ...
+    # pcm (int16 little-endian), ulaw or alaw (G.711, one byte a sample): raw samples;
+    # mp3, opus (Ogg) or wav: a stream encoder of audio/containers.py
+    codec: str
     sample_rate: int
+    bitrate: int | None = None  # bit/s, mp3 and opus
+
+    @property
+    def raw(self) -> bool:
+        return self.codec in ("pcm", "ulaw", "alaw")
 
     @property
     def content_type(self) -> str:
+        if not self.raw:
+            return CONTENT_TYPES[self.codec]
         kind = {"pcm": "audio/pcm", "ulaw": "audio/basic", "alaw": "audio/x-alaw-basic"}
         return f"{kind[self.codec]};rate={self.sample_rate}"
 
     @property
     def utterance_rate(self) -> int:
-        """The PCM rate to ask of the utterance. (mp3, once containers.py lands: MODEL_RATE,
-        since its stream encoder takes 24 kHz and resamples itself.)"""
-        return self.sample_rate
+        """The PCM rate to ask of the utterance (a stream encoder takes the model's rate
+        and resamples itself)."""
+        return self.sample_rate if self.raw else MODEL_RATE
 
     def encoder(self) -> Encoder:
-        """A new encoder for one utterance. (mp3, once containers.py lands:
-        `make_stream_encoder("mp3", self.sample_rate)`, which has this interface.)"""
-        return RawEncoder(self.codec)
+        """A new encoder for one utterance."""
+        if self.raw:
+            return RawEncoder(self.codec)
+        return make_stream_encoder(self.codec, self.sample_rate, self.bitrate)
 
     def chunk_samples(self) -> int:
         """The most PCM (at the utterance's rate) one message carries."""
         return self.utterance_rate * CHUNK_MS // 1000
-
-
-class Encoder(Protocol):
-    """One utterance's float32 PCM (at its format's `utterance_rate`) -> the format's
-    bytes, in stream order; `finish` returns what is left at the end."""
-
-    def encode(self, pcm: np.ndarray) -> bytes: ...
-
-    def finish(self) -> bytes: ...
 
 
 class RawEncoder:
@@ -113,13 +115,22 @@ def parse_format(name: str) -> OutputFormat:
         return OutputFormat(name, "pcm", int(rate))
     if name in ("ulaw_8000", "alaw_8000"):
         return OutputFormat(name, codec, 8000)
-    supported = ", ".join([*(f"pcm_{r}" for r in PCM_RATES), "ulaw_8000", "alaw_8000"])
-    if LATER_FORMATS.fullmatch(name):
-        raise ApiError(
-            ErrorCode.UNSUPPORTED_FORMAT,
-            f"output_format {name} is not supported by this server yet; use one of {supported}",
-        )
-    raise invalid(f"unknown output_format {name[:40]!r}; use one of {supported}")
+    supported = ", ".join(
+        [*(f"pcm_{r}" for r in PCM_RATES), "ulaw_8000", "alaw_8000", "mp3_RATE_KBPS",
+         "opus_48000_KBPS", "wav_RATE"]
+    )  # fmt: skip
+    encoded = ENCODED.fullmatch(name)
+    if encoded is None:
+        raise invalid(f"unknown output_format {name[:40]!r}; use one of {supported}")
+    kind = encoded.group(1) or encoded.group(4)
+    hz = int(encoded.group(2) or encoded.group(5))
+    kbps = encoded.group(3)
+    try:  # the encoder says what it cannot make (a rate, a bitrate)
+        fmt = OutputFormat(name, kind, hz, int(kbps) * 1000 if kbps else None)
+        fmt.encoder()
+    except ValueError as exc:
+        raise ApiError(ErrorCode.UNSUPPORTED_FORMAT, f"output_format {name}: {exc}") from None
+    return fmt
 
 
 # -- alignment --------------------------------------------------------------------------

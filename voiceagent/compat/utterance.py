@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -44,6 +44,16 @@ STATUS = {  # the HTTP status of each refusal an API may answer with
     ErrorCode.SYNTHESIS_FAILED: 500,
     ErrorCode.INTERNAL_ERROR: 500,
 }
+
+
+class Encoder(Protocol):
+    """One utterance's float32 PCM -> the bytes of an API's output format, in stream
+    order; `finish` returns what is left at the end (audio/containers.py's encoders are
+    ones)."""
+
+    def encode(self, pcm: np.ndarray) -> bytes: ...
+
+    def finish(self) -> bytes: ...
 
 
 class ApiError(Exception):
