@@ -28,13 +28,12 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -51,7 +50,7 @@ from .cartesia_request import (
     without_tags,
 )
 from .context_socket import ContextSocket, serve_context_socket
-from .utterance import ApiError, Utterance
+from .utterance import ApiError, Utterance, streamed
 
 log = logging.getLogger(__name__)
 
@@ -101,31 +100,12 @@ class CartesiaApi:
         try:
             utterance.push(without_tags(text))
             utterance.end()
-            audio = utterance.pcm()
-            # The first audio before the status line: a turn that fails early (the LM
-            # server is down) still gets its status code.
-            first = await anext(audio, None)
         except ApiError as exc:
             utterance.close()
             return http_error(exc)
         out = gen.output
         encoder = out.stream_encoder()
-
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                if first is not None:
-                    yield encoder.encode(first * gen.volume)
-                async for pcm in audio:
-                    if data := encoder.encode(pcm * gen.volume):
-                        yield data
-                if tail := encoder.finish():
-                    yield tail
-            except ApiError as exc:  # after the status line, all that is left is to stop
-                log.warning("cartesia bytes stopped: %s", exc.message)
-            finally:
-                utterance.close()
-
-        return StreamingResponse(stream(), media_type=out.content_type)
+        return await streamed(utterance, encoder, out.content_type, http_error, gain=gen.volume)
 
 
 def http_error(error: ApiError) -> JSONResponse:

@@ -53,7 +53,7 @@ from .elevenlabs_wire import (
     seed_of,
     speed_of,
 )
-from .utterance import ApiError, SpeechOptions, Utterance
+from .utterance import ApiError, SpeechOptions, Utterance, streamed
 
 log = logging.getLogger(__name__)
 
@@ -396,29 +396,7 @@ class ElevenLabsApi:
             utterance, fmt = await self._request(request)
         except ApiError as exc:
             return http_error(exc)
-        pieces = _pieces(utterance)
-        try:  # the first audio before the status line: an early failure gets its status
-            first = await anext(pieces, None)
-        except ApiError as exc:
-            utterance.close()
-            return http_error(exc)
-        encoder = fmt.encoder()
-
-        async def audio() -> AsyncIterator[bytes]:
-            try:
-                if isinstance(first, np.ndarray):
-                    yield encoder.encode(first)
-                async for piece in pieces:
-                    if isinstance(piece, np.ndarray) and (data := encoder.encode(piece)):
-                        yield data
-                if tail := encoder.finish():
-                    yield tail
-            except ApiError as exc:  # after the status line: all that is left is to stop
-                log.warning("elevenlabs stream stopped: %s", exc.message)
-            finally:
-                utterance.close()
-
-        return StreamingResponse(audio(), media_type=fmt.content_type)
+        return await streamed(utterance, fmt.encoder(), fmt.content_type, http_error)
 
     async def with_timestamps(self, request: Request) -> Response:
         """NDJSON, one object a line: `audio_base64` and the characters timed so far

@@ -12,11 +12,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..audio.containers import make_stream_encoder
@@ -25,7 +25,15 @@ from ..model.sampling import SamplingParams
 from ..protocol.errors import ErrorCode
 from ..protocol.messages import LANGUAGES
 from ..session.port import SessionHost
-from .utterance import ApiError, SpeechOptions, Utterance, role_defaults, with_defaults
+from .utterance import (
+    ApiError,
+    Encoder,
+    SpeechOptions,
+    Utterance,
+    role_defaults,
+    streamed,
+    with_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,59 +176,44 @@ class OpenAISpeech:
         try:
             utterance.push(req.input)
             utterance.end()
-            audio = utterance.pcm()
-            # Wait for the first audio before answering: a turn that fails early (the LM
-            # server is down) still gets its status code, and costs no time to first byte.
-            first = await anext(audio, None)
         except ApiError as exc:
             utterance.close()
             return openai_error(exc)
         encoder = make_stream_encoder(req.format)
         headers = {IGNORED_HEADER: ",".join(req.ignored)} if req.ignored else {}
-
-        async def encoded() -> AsyncIterator[bytes]:
-            if first is not None:
-                yield encoder.encode(first)
-            async for pcm in audio:
-                if data := encoder.encode(pcm):
-                    yield data
-            yield encoder.finish()
-
-        if req.stream_format == "sse":
-            body = sse(encoded(), utterance)
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        return StreamingResponse(
-            plain(encoded(), utterance), media_type=encoder.content_type, headers=headers
+        if req.stream_format == "audio":
+            return await streamed(utterance, encoder, encoder.content_type, openai_error, headers)
+        sse = SseEncoder(encoder, utterance)
+        return await streamed(
+            utterance, sse, "text/event-stream", openai_error, headers, failed=sse.error
         )
 
 
-async def plain(chunks: AsyncIterator[bytes], utterance: Utterance) -> AsyncIterator[bytes]:
-    try:
-        async for data in chunks:
-            if data:
-                yield data
-    except ApiError as exc:  # after the status line, all that is left is to stop short
-        log.warning("openai speech stopped: %s", exc.message)
-    finally:
-        utterance.close()
+class SseEncoder:
+    """OpenAI's speech events around an encoder's bytes: `speech.audio.delta` (base64
+    audio), then `speech.audio.done`; an `error` event if synthesis fails on the way."""
 
+    def __init__(self, inner: Encoder, utterance: Utterance) -> None:
+        self.inner = inner
+        self.utterance = utterance
 
-async def sse(chunks: AsyncIterator[bytes], utterance: Utterance) -> AsyncIterator[bytes]:
-    """OpenAI's speech events: `speech.audio.delta` (base64 audio), then
-    `speech.audio.done`; or an `error` event if synthesis fails on the way."""
-    try:
-        async for data in chunks:
-            if data:
-                event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-                yield _event(event)
-        tokens = utterance.turn.stats.tokens
-        chars = utterance.chars  # (input characters stand in for text tokens)
+    def encode(self, pcm: np.ndarray) -> bytes:
+        return self._delta(self.inner.encode(pcm))
+
+    def finish(self) -> bytes:
+        tokens = self.utterance.turn.stats.tokens
+        chars = self.utterance.chars  # (input characters stand in for text tokens)
         usage = {"input_tokens": chars, "output_tokens": tokens, "total_tokens": chars + tokens}
-        yield _event({"type": "speech.audio.done", "usage": usage})
-    except ApiError as exc:
-        yield _event({"type": "error", "error": {"code": exc.code, "message": exc.message}})
-    finally:
-        utterance.close()
+        done = _event({"type": "speech.audio.done", "usage": usage})
+        return self._delta(self.inner.finish()) + done
+
+    def error(self, exc: ApiError) -> bytes:
+        return _event({"type": "error", "error": {"code": exc.code, "message": exc.message}})
+
+    def _delta(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        return _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
 
 def _event(event: dict[str, Any]) -> bytes:

@@ -8,13 +8,15 @@ counts in the same metrics as a session's turn, under the API's name as transpor
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
+from starlette.responses import Response, StreamingResponse
 
 from ..audio.format import FRAME_MS, MODEL_RATE
 from ..auth.gate import Principal
@@ -24,6 +26,8 @@ from ..pipeline.turn import FrameFormat, OutputItem, Turn, TurnFailed, TurnSetti
 from ..protocol.errors import ErrorCode
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
+
+log = logging.getLogger(__name__)
 
 # Audio made ahead of a slow reader at most: beyond it synthesis waits (as a session's
 # turn does), so a client that stops reading costs no compute and little memory.
@@ -112,13 +116,15 @@ class Utterance:
         options: SpeechOptions,
         api: str,
         turn_id: str | None = None,
+        voice: Voice | None = None,
     ) -> None:
-        """Raises ApiError when the voice is unknown or no live-turn slot is free."""
+        """Raises ApiError when the voice is unknown or no live-turn slot is free.
+        `voice`: one made for this request alone (else `options.voice` names it)."""
         self.host = host
         self.api = api  # the metrics' transport label: "openai", "cartesia", ...
         self.tenant = principal.tenant
         self.options = options
-        voice = find_voice(host, principal, options.voice)
+        voice = voice or find_voice(host, principal, options.voice)
         if not 0.5 <= options.speed <= 2.0:
             raise ApiError(ErrorCode.INVALID_PARAMETER, "speed must be within 0.5 and 2.0")
         refusal = host.admission.admit_turn(self.tenant)
@@ -218,3 +224,43 @@ class Utterance:
             metrics.audio_seconds.labels(self.api).inc(self.turn.stats.audio_ms / 1000)
             if self.turn.stats.rtf is not None:
                 metrics.rtf.observe(self.turn.stats.rtf)
+
+
+async def streamed(
+    utterance: Utterance,
+    encoder: Encoder,
+    media_type: str,
+    refuse: Callable[[ApiError], Response],
+    headers: dict[str, str] | None = None,
+    failed: Callable[[ApiError], bytes] | None = None,
+    gain: float = 1.0,
+) -> Response:
+    """The utterance's audio as an HTTP response, encoded and sent as it is made. The
+    status line waits for the first audio, so a turn that fails early (the LM server is
+    down) still gets its own status (`refuse` makes that response); a failure after it
+    can only end the body early (after `failed`'s bytes). The utterance is closed when
+    the body ends, whichever way (a client that hangs up stops the synthesis)."""
+    audio = utterance.pcm()
+    try:
+        first = await anext(audio, None)
+    except ApiError as exc:
+        utterance.close()
+        return refuse(exc)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            if first is not None:
+                yield encoder.encode(first * gain if gain != 1.0 else first)
+            async for pcm in audio:
+                if data := encoder.encode(pcm * gain if gain != 1.0 else pcm):
+                    yield data
+            if tail := encoder.finish():
+                yield tail
+        except ApiError as exc:
+            log.warning("%s audio stopped: %s", utterance.api, exc.message)
+            if failed is not None:
+                yield failed(exc)
+        finally:
+            utterance.close()
+
+    return StreamingResponse(body(), media_type=media_type, headers=headers)

@@ -146,36 +146,31 @@ def _text_field(value: Any, field: str) -> str | None:
     raise VoiceError(ErrorCode.INVALID_PARAMETER, f"'{field}' must be a string")
 
 
-def _from_json(body: bytes) -> Upload:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise VoiceError(
-            ErrorCode.INVALID_JSON, "the body is not JSON: {audio, name?, transcript?, language?}"
-        ) from None
-    if not isinstance(data, dict):
-        raise VoiceError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
-    audio = data.get("audio")
+def _base64_audio(audio: Any) -> bytes:
     if not isinstance(audio, str) or not audio:
-        raise VoiceError(
-            ErrorCode.INVALID_MESSAGE, "'audio' (the reference audio in base64) is required"
-        )
+        raise VoiceError(ErrorCode.INVALID_PARAMETER, "'audio' must be base64 audio")
     if audio.startswith("data:") and "," in audio:  # a data: URL, as a browser makes it
         audio = audio.split(",", 1)[1]
     try:
-        raw = base64.b64decode(audio, validate=True)
+        return base64.b64decode(audio, validate=True)
     except (binascii.Error, ValueError):
         raise VoiceError(ErrorCode.INVALID_PARAMETER, "'audio' is not valid base64") from None
-    language = _text_field(data.get("language"), "language") or "auto"
-    return Upload(
-        raw,
-        _text_field(data.get("name"), "name"),
-        _text_field(data.get("transcript"), "transcript"),
-        language,
-    )
 
 
-async def _from_form(request: Request, body: bytes) -> Upload:
+def _from_json(body: bytes) -> tuple[bytes | None, dict[str, Any]]:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise VoiceError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
+    if not isinstance(data, dict):
+        raise VoiceError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
+    audio = data.pop("audio", None)
+    return (None if audio is None else _base64_audio(audio)), data
+
+
+async def _from_form(
+    request: Request, body: bytes, file_part: str
+) -> tuple[bytes | None, dict[str, Any]]:
     if not HAS_MULTIPART:
         raise VoiceError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
@@ -193,43 +188,58 @@ async def _from_form(request: Request, body: bytes) -> Upload:
 
     try:
         form = await Request(request.scope, replay).form(
-            max_files=1, max_fields=8, max_part_size=MAX_FIELD_BYTES
+            max_files=1, max_fields=16, max_part_size=MAX_FIELD_BYTES
         )
     except MultiPartException as exc:
         raise VoiceError(ErrorCode.INVALID_MESSAGE, f"malformed multipart body: {exc}") from None
     try:
-        upload = form.get("file")
-        if not isinstance(upload, UploadFile):
-            raise VoiceError(
-                ErrorCode.INVALID_MESSAGE, "the form needs a 'file' part holding the audio"
-            )
-        audio = await upload.read()
-        fields = {k: form.get(k) for k in ("name", "transcript", "language")}
-        for key, value in fields.items():
-            if value is not None and not isinstance(value, str):
+        upload = form.get(file_part)
+        audio = await upload.read() if isinstance(upload, UploadFile) else None
+        fields: dict[str, Any] = {}
+        for key, value in form.multi_items():
+            if key == file_part:
+                continue
+            if not isinstance(value, str):
                 raise VoiceError(ErrorCode.INVALID_PARAMETER, f"'{key}' must be a text field")
-        return Upload(
-            audio,
-            _text_field(fields["name"], "name"),
-            _text_field(fields["transcript"], "transcript"),
-            _text_field(fields["language"], "language") or "auto",
-        )
+            fields[key] = value
+        return audio, fields
     finally:
         await form.close()
 
 
-async def read_upload(request: Request) -> Upload:
+async def read_audio_request(
+    request: Request, file_part: str = "file"
+) -> tuple[bytes | None, dict[str, Any]]:
+    """A request carrying reference audio: multipart/form-data (the audio in the
+    `file_part` part, the rest text fields) or JSON (`audio` in base64, the rest as they
+    are). The audio is None when the request has none; the body is size-checked."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind not in ("multipart/form-data", "application/json"):
         raise VoiceError(
             ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-            f"Content-Type {kind or 'none'!r}: send multipart/form-data (a 'file' part) or "
-            "application/json ('audio' in base64)",
+            f"Content-Type {kind or 'none'!r}: send multipart/form-data (a '{file_part}' part) "
+            "or application/json ('audio' in base64)",
         )
     body = await _read_body(request)
     if kind == "application/json":
         return _from_json(body)
-    return await _from_form(request, body)
+    return await _from_form(request, body, file_part)
+
+
+async def read_upload(request: Request) -> Upload:
+    """A `POST /v1/voices` body."""
+    audio, fields = await read_audio_request(request)
+    if audio is None:
+        raise VoiceError(
+            ErrorCode.INVALID_MESSAGE,
+            "the reference audio is required: a 'file' part, or 'audio' in base64",
+        )
+    return Upload(
+        audio,
+        _text_field(fields.get("name"), "name"),
+        _text_field(fields.get("transcript"), "transcript"),
+        _text_field(fields.get("language"), "language") or "auto",
+    )
 
 
 def _may_manage(principal: Principal) -> None:

@@ -192,12 +192,7 @@ class VoiceRegistry:
         transcript = (transcript or "").strip() or None
         check_fields(name, transcript, language)
         model, folder = self.host.model, self.host.voices_dir
-        if model.frontend_dir is None:
-            raise VoiceError(
-                ErrorCode.VOICE_CLONING_UNSUPPORTED,
-                f"model '{model.name}' cannot make voices from audio: that needs a CosyVoice2 "
-                f"directory with its prompt frontend files ({', '.join(FRONTEND_FILES)})",
-            )
+        self._check_can_clone()
         if folder is None:
             raise VoiceError(
                 ErrorCode.VOICE_CLONING_UNSUPPORTED,
@@ -236,11 +231,7 @@ class VoiceRegistry:
         language: str,
     ) -> VoiceInfo:
         """On a worker thread: the prompt features, then the file."""
-        model = self.host.model
-        text_ids = model.tokenizer.encode(normalize(transcript, language)) if transcript else []
-        prompt = self._prompt_frontend().prompt_from_pcm(ref.pcm, 24000, text_ids)
-        voice = Voice(name=voice_id, **prompt, lm_prompt=transcript is not None)
-        model.check_voice(voice)
+        voice = self._voice(voice_id, ref, transcript, language)
         warnings = list(ref.warnings)
         if transcript is not None and len(transcript) > MAX_CHARS_PER_S * ref.duration_s:
             warnings.append(
@@ -266,6 +257,37 @@ class VoiceRegistry:
             source_sample_rate=ref.source_rate,
             warnings=tuple(warnings),
         )
+
+    def _voice(self, name: str, ref: Reference, transcript: str | None, language: str) -> Voice:
+        """The prompt features of a checked reference (on a worker thread)."""
+        model = self.host.model
+        text_ids = model.tokenizer.encode(normalize(transcript, language)) if transcript else []
+        prompt = self._prompt_frontend().prompt_from_pcm(ref.pcm, 24000, text_ids)
+        voice = Voice(name=name, **prompt, lm_prompt=transcript is not None)
+        model.check_voice(voice)
+        return voice
+
+    async def one_off(self, audio: bytes, transcript: str | None, language: str) -> Voice:
+        """A voice for one request (`POST /v1/tts` with inline reference audio): made as
+        `create` makes one, never saved or listed; its name is unique. Raises VoiceError
+        or ReferenceAudioError."""
+        transcript = (transcript or "").strip() or None
+        check_fields(None, transcript, language)
+        self._check_can_clone()
+        async with self._slots:
+            ref = await asyncio.to_thread(prepare_reference, audio)
+            return await asyncio.to_thread(
+                self._voice, f"one-off-{secrets.token_hex(8)}", ref, transcript, language
+            )
+
+    def _check_can_clone(self) -> None:
+        model = self.host.model
+        if model.frontend_dir is None:
+            raise VoiceError(
+                ErrorCode.VOICE_CLONING_UNSUPPORTED,
+                f"model '{model.name}' cannot make voices from audio: that needs a CosyVoice2 "
+                f"directory with its prompt frontend files ({', '.join(FRONTEND_FILES)})",
+            )
 
     def _prompt_frontend(self) -> PromptFrontend:
         with self._frontend_lock:  # built once, by the first voice made
