@@ -149,6 +149,7 @@ class Utterance:
         )
         self.turn.start()
         self.first_audio: float | None = None  # monotonic time the first audio left
+        self.on_close: list[Callable[[], None]] = []  # run once, when it is closed
 
     # -- text in --------------------------------------------------------------------------
 
@@ -218,6 +219,8 @@ class Utterance:
         self._closed = True
         self.turn.close()
         self.host.admission.turn_ended()
+        for hook in self.on_close:
+            hook()
         metrics = self.host.engine.metrics
         metrics.turns.labels(self.api, self._outcome).inc()
         if self._outcome == "done":

@@ -16,7 +16,7 @@ POST /v1/audio/speech, GET /v1/models   OpenAI-compatible speech (compat/, docs/
 WS   /tts/websocket  Cartesia-compatible streaming speech (compat/cartesia.py)
 POST /tts/bytes    Cartesia-compatible speech in one request
 WS   /v1/text-to-speech/{voice}/multi-stream-input  ElevenLabs-style speech (compat/elevenlabs.py)
-POST /v1/voices, GET/DELETE /v1/voices[/{id}]  the voice registry (server/voices_api.py)
+POST /v1/tts, POST /v1/audio/voices  speech and voices from reference audio (compat/cloning.py)
 GET  /             the browser demo (web/), when that folder exists
 
 Every /v1/ and /tts/ entry needs a credential when auth is on (auth/gate.py, docs/security.md).
@@ -68,7 +68,7 @@ from ..telephony.stream_server import serve_media_stream
 from ..transport.guard import ClientNoise, ConnectionGate, GuardConfig
 from ..transport.webrtc import WebRtcConfig, WebRtcGateway
 from ..transport.websocket import serve_websocket
-from .voices_api import voice_routes
+from .voices_api import make_registry, voice_routes
 
 log = logging.getLogger(__name__)
 
@@ -135,15 +135,16 @@ class VoiceServer:
         self._roles_seen: float | None = None
         self.rescan_voices()
         self.webrtc = WebRtcGateway(self, config.webrtc)
+        self.registry = make_registry(self)  # voices made from reference audio
         routes: list[BaseRoute] = [
             Route("/healthz", self.healthz),
             Route("/readyz", self.readyz),
             Route("/metrics", self.metrics_page),
             Route("/health", self.health),
-            *voice_routes(self),
+            *voice_routes(self.registry),
             Route("/v1/tokens", self.tokens, methods=["POST"]),
             WebSocketRoute("/v1/ws", self._websocket),
-            *compat_routes(self),
+            *compat_routes(self, self.registry),
             Route("/v1/webrtc/offer", self.webrtc.offer, methods=["POST"]),
             WebSocketRoute("/v1/calls", self._bot),
             WebSocketRoute("/v1/telephony/asterisk", self._asterisk),

@@ -32,6 +32,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Message
 
 from ..auth.gate import Principal, principal_of
+from ..compat.utterance import ApiError
 from ..engine.embedded import EmbeddedEngine
 from ..model.speech_model import SpeechModel
 from ..protocol.errors import ErrorCode
@@ -252,7 +253,7 @@ def _may_manage(principal: Principal) -> None:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _answering(handler: Handler) -> Handler:
+def answering(handler: Handler) -> Handler:
     """Coded refusals as JSON errors; anything else logged and a 500."""
 
     async def answer(request: Request) -> Response:
@@ -260,6 +261,9 @@ def _answering(handler: Handler) -> Handler:
             return await handler(request)
         except (VoiceError, ReferenceAudioError) as exc:
             return error(exc.code, exc.message)
+        except ApiError as exc:  # the drop-in APIs' refusals (compat/cloning.py)
+            headers = {"Retry-After": "2"} if exc.status in (429, 503) else None
+            return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
             return error(ErrorCode.INTERNAL_ERROR, "the request failed unexpectedly (logged)")
@@ -267,9 +271,11 @@ def _answering(handler: Handler) -> Handler:
     return answer
 
 
-def voice_routes(server: VoiceServer) -> list[BaseRoute]:
-    registry = VoiceRegistry(_Host(server))
+def make_registry(server: VoiceServer) -> VoiceRegistry:
+    return VoiceRegistry(_Host(server))
 
+
+def voice_routes(registry: VoiceRegistry) -> list[BaseRoute]:
     async def collection(request: Request) -> Response:
         principal = principal_of(request)
         if request.method == "GET":
@@ -300,6 +306,6 @@ def voice_routes(server: VoiceServer) -> list[BaseRoute]:
         return Response(status_code=204)
 
     return [
-        Route("/v1/voices", _answering(collection), methods=["GET", "POST"]),
-        Route("/v1/voices/{voice_id}", _answering(item), methods=["GET", "DELETE"]),
+        Route("/v1/voices", answering(collection), methods=["GET", "POST"]),
+        Route("/v1/voices/{voice_id}", answering(item), methods=["GET", "DELETE"]),
     ]

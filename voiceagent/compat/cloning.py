@@ -1,0 +1,210 @@
+"""Requests that bring reference audio with them:
+
+POST /v1/tts           one request, one utterance: text, language, and a voice by name or
+                       a few seconds of reference audio (a one-off voice, never kept) ->
+                       the audio file, streamed as it is made (or whole, `stream: false`)
+POST /v1/audio/voices  OpenAI's "create voice" (`client.audio.voices.create`): a voice of
+                       the caller's tenant in the registry, usable by its id everywhere
+
+Both read JSON (audio in base64) or multipart/form-data (audio in a file part).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from ..audio.containers import FORMATS, make_stream_encoder
+from ..auth.gate import principal_of
+from ..model.contract import Voice
+from ..model.sampling import SamplingParams
+from ..model.voice_store import NAME
+from ..protocol.errors import ErrorCode
+from ..protocol.messages import LANGUAGES
+from ..server.voices_api import answering, read_audio_request
+from ..session.port import SessionHost
+from ..voices.reference import MAX_UPLOAD_BYTES
+from ..voices.registry import VoiceError, VoiceRegistry
+from .utterance import (
+    ApiError,
+    Encoder,
+    SpeechOptions,
+    Utterance,
+    role_defaults,
+    streamed,
+    with_defaults,
+)
+
+log = logging.getLogger(__name__)
+
+TTS_FIELDS = {
+    "text", "voice", "transcript", "language", "format", "sample_rate", "speed", "seed",
+    "stream",
+}  # fmt: skip
+
+
+def _invalid(message: str) -> ApiError:
+    return ApiError(ErrorCode.INVALID_PARAMETER, message)
+
+
+def _number(fields: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    """A number from JSON, or from a form's text field."""
+    value = fields.get(key, default)
+    try:
+        number = float(value) if isinstance(value, str) else value
+    except ValueError:
+        number = None
+    if isinstance(number, bool) or not isinstance(number, int | float) or math.isnan(number):
+        raise _invalid(f"'{key}' must be a number")
+    if not lo <= number <= hi:
+        raise _invalid(f"'{key}' must be within {lo:g} and {hi:g}")
+    return float(number)
+
+
+class TtsRequest:
+    """A checked `/v1/tts` body (JSON, or the text fields of a form)."""
+
+    def __init__(self, fields: dict[str, Any], has_audio: bool) -> None:
+        unknown = sorted(set(fields) - TTS_FIELDS)
+        if unknown:
+            raise _invalid(f"unknown field(s): {', '.join(unknown)}")
+        text = fields.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise _invalid("'text' must be a non-empty string")
+        self.text = text
+        voice = fields.get("voice")
+        if voice is not None and (not isinstance(voice, str) or not voice):
+            raise _invalid("'voice' must be a voice or role name")
+        if (voice is None) == (not has_audio):
+            raise _invalid("give either 'voice' (a name) or reference audio, not both")
+        self.voice = voice
+        self.transcript = fields.get("transcript")
+        if self.transcript is not None and not isinstance(self.transcript, str):
+            raise _invalid("'transcript' must be a string")
+        self.language = fields.get("language", "auto")
+        if self.language not in LANGUAGES:
+            raise _invalid(f"'language' must be one of {', '.join(LANGUAGES)}")
+        self.format = fields.get("format", "wav")
+        if self.format not in FORMATS:
+            raise _invalid(f"'format' must be one of {', '.join(FORMATS)}")
+        rate = fields.get("sample_rate")
+        self.sample_rate = None if rate is None else int(_number(fields, "sample_rate", 0, 1, 1e6))
+        try:
+            make_stream_encoder(self.format, self.sample_rate)
+        except ValueError as exc:
+            raise _invalid(str(exc)) from None
+        self.speed = _number(fields, "speed", 1.0, 0.5, 2.0)
+        self.seed = int(_number(fields, "seed", 0, 0, 2**31 - 1))
+        stream = fields.get("stream", True)
+        if isinstance(stream, str):
+            stream = {"true": True, "false": False}.get(stream.lower(), stream)
+        if not isinstance(stream, bool):
+            raise _invalid("'stream' must be true or false")
+        self.stream = stream
+
+
+def _refusal(exc: ApiError) -> JSONResponse:
+    headers = {"Retry-After": "2"} if exc.status in (429, 503) else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+class Cloning:
+    def __init__(self, host: SessionHost, registry: VoiceRegistry) -> None:
+        self.host = host
+        self.registry = registry
+
+    def routes(self) -> list[BaseRoute]:
+        return [
+            Route("/v1/tts", answering(self.tts), methods=["POST"]),
+            Route("/v1/audio/voices", answering(self.openai_voice), methods=["POST"]),
+        ]
+
+    async def tts(self, request: Request) -> Response:
+        principal = principal_of(request)
+        audio, fields = await read_audio_request(request)
+        req = TtsRequest(fields, audio is not None)
+        one_off: Voice | None = None
+        if audio is not None:
+            if principal.kind == "token":  # a browser's token may be bound to one voice
+                raise ApiError(ErrorCode.FORBIDDEN, "reference audio needs an API key", 403)
+            _check_size(audio)
+            one_off = await self.registry.one_off(audio, req.transcript, req.language)
+        options = SpeechOptions(
+            req.voice or "", req.language, req.speed, SamplingParams(seed=req.seed)
+        )
+        if req.voice is not None:  # a role's defaults, under what the request sets
+            options = with_defaults(
+                options, set(fields), role_defaults(self.host, principal, req.voice)
+            )
+        utterance = Utterance(self.host, principal, options, "tts", voice=one_off)
+        if one_off is not None:  # its cached flow state goes when the utterance does
+            name = one_off.name
+            utterance.on_close.append(lambda: self.host.engine.acoustic.forget_voice(name))
+        try:
+            utterance.push(req.text)
+            utterance.end()
+        except ApiError:
+            utterance.close()
+            raise
+        encoder = make_stream_encoder(req.format, req.sample_rate)
+        if req.stream:
+            return await streamed(utterance, encoder, encoder.content_type, _refusal)
+        return await _whole(utterance, encoder, encoder.content_type)
+
+    async def openai_voice(self, request: Request) -> Response:
+        """OpenAI's `POST /v1/audio/voices` (multipart: `audio_sample`, `name`, `consent`):
+        a voice of the caller's tenant. A `name` that is a valid voice id is the id; any
+        other name gets a generated id (the response says which)."""
+        principal = principal_of(request)
+        if principal.kind == "token":
+            raise ApiError(ErrorCode.FORBIDDEN, "voices are made with an API key", 403)
+        audio, fields = await read_audio_request(request, file_part="audio_sample")
+        if fields.get("type", "audio_sample") != "audio_sample" or audio is None:
+            raise _invalid("only voices from an 'audio_sample' are supported here")
+        name = fields.get("name")
+        if not isinstance(name, str) or not name:
+            raise _invalid("'name' is required")
+        _check_size(audio)
+        hint = fields.get("script_hint")  # what the sample says, if the caller knows
+        info = await self.registry.create(
+            principal,
+            audio,
+            name if NAME.match(name) else None,
+            hint if isinstance(hint, str) else None,
+        )
+        body = {
+            "id": info.id,
+            "object": "audio.voice",
+            "name": name,
+            "type": "audio_sample",
+            "created_at": info.created_at,
+        }
+        return JSONResponse(body, status_code=201)
+
+
+def _check_size(audio: bytes) -> None:
+    if len(audio) > MAX_UPLOAD_BYTES:
+        raise VoiceError(
+            ErrorCode.AUDIO_TOO_LARGE,
+            f"the audio is {len(audio) / 2**20:.1f} MiB; at most "
+            f"{MAX_UPLOAD_BYTES / 2**20:g} MiB is accepted",
+        )
+
+
+async def _whole(utterance: Utterance, encoder: Encoder, media_type: str) -> Response:
+    """The whole file in one body, with its length (for clients that want a file)."""
+    parts: list[bytes] = []
+    try:
+        async for pcm in utterance.pcm():
+            parts.append(encoder.encode(pcm))
+        parts.append(encoder.finish())
+    except ApiError as exc:
+        return _refusal(exc)
+    finally:
+        utterance.close()
+    return Response(b"".join(parts), media_type=media_type)
