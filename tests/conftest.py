@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
 
+from voiceagent.bench import phone_speech
 from voiceagent.model import checkpoint
+from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.tiny import checkpoint as tiny
 from voiceagent.server.app import ServerConfig
@@ -81,3 +84,27 @@ def spoken() -> Any:
     if not have_espeak():
         pytest.skip("espeak-ng is not installed: no real speech to send")
     return espeak_pcm("Hello, I would like to change my delivery address please", 48000)[0]
+
+
+# -- voices from real speech (test_voice_registry.py, test_compat_voices.py) ------------
+
+
+@pytest.fixture(scope="module")
+def phone() -> phone_speech.Prompt:
+    """A real spoken sentence of 3-5 s with its transcript."""
+    if not phone_speech.available():
+        pytest.skip("asterisk-core-sounds-en-wav is not installed: no real speech")
+    for p in phone_speech.prompts():
+        if p.is_speech and 3.0 <= p.seconds <= 5.0 and p.text and len(p.text.split()) >= 5:
+            return p
+    pytest.skip("no transcribed Asterisk prompt of 3-5 s (asterisk-core-sounds-en missing?)")
+
+
+@pytest.fixture(scope="module")
+def clone_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random CosyVoice2 directory with FAKE prompt frontend files (tests/onnx_fakes.py:
+    the released campplus.onnx and speech_tokenizer_v2.onnx cannot be downloaded here)."""
+    d = write_random_cosyvoice2(tmp_path_factory.mktemp("cv2") / "CosyVoice2-small")
+    write_fake_campplus(d / "campplus.onnx")
+    write_fake_speech_tokenizer(d / "speech_tokenizer_v2.onnx")
+    return d

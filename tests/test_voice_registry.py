@@ -25,7 +25,6 @@ import pytest
 import soxr
 import torch
 from conftest import run
-from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
 from test_sglang import SGLANG_PYTHON
 
 from voiceagent.auth import keys
@@ -33,7 +32,6 @@ from voiceagent.auth.gate import AuthConfig
 from voiceagent.bench import phone_speech
 from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
-from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.voice_store import load_voice, read_voice_file
 from voiceagent.server.app import ServerConfig
@@ -85,31 +83,11 @@ def encoded(pcm: np.ndarray, rate: int, fmt: str, codec: str, out_rate: int = 44
     return buf.getvalue()
 
 
-@pytest.fixture(scope="module")
-def phone() -> phone_speech.Prompt:
-    """A real spoken sentence of 3-5 s with its transcript."""
-    if not phone_speech.available():
-        pytest.skip("asterisk-core-sounds-en-wav is not installed: no real speech")
-    for p in phone_speech.prompts():
-        if p.is_speech and 3.0 <= p.seconds <= 5.0 and p.text and len(p.text.split()) >= 5:
-            return p
-    pytest.skip("no transcribed Asterisk prompt of 3-5 s (asterisk-core-sounds-en missing?)")
-
-
 def pcm_of(p: phone_speech.Prompt) -> np.ndarray:
     return p.pcm.astype(np.float32) / 32768.0
 
 
 # -- servers ----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def clone_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random CosyVoice2 directory with the (fake) prompt frontend files."""
-    d = write_random_cosyvoice2(tmp_path_factory.mktemp("cv2") / "CosyVoice2-small")
-    write_fake_campplus(d / "campplus.onnx")
-    write_fake_speech_tokenizer(d / "speech_tokenizer_v2.onnx")
-    return d
 
 
 def fresh_model(clone_dir: Path) -> SpeechModel:
