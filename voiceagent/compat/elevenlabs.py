@@ -11,7 +11,7 @@ POST /v1/text-to-speech/{voice_id}                      the same audio (streamed
 The two sockets speak ElevenLabs' JSON: text in (`text`, `flush`, `close_context`,
 `close_socket`), `{"audio": base64, "alignment", "normalizedAlignment", "contextId",
 "isFinal"}` out. What differs from ElevenLabs, and the exact client lines to change,
-are in docs/compat-elevenlabs.md.
+are in docs/compat.md (ElevenLabs).
 Alignment (approximate) is elevenlabs_wire.py's.
 """
 
