@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -135,6 +136,30 @@ def test_sglang_greedy_tokens_equal_the_embedded_engine(sglang, tiny_model):
         embedded.stop()
     assert len(ours) == 40 and theirs == ours  # decoder bias and min length carried over
     assert stream.cached_tokens > 0  # the second phase reused the first one's prefix
+
+
+@needs_sglang
+def test_sglang_decodes_a_voice_without_transcript_as_the_embedded_engine(sglang, tiny_model):
+    """Greedy, the same tokens from the same prompt, which holds neither the prompt's text
+    nor its speech tokens (a voice made without a transcript: docs/voices.md)."""
+    server, export = sglang
+    voice = dataclasses.replace(tiny_model.voices["agent"], lm_prompt=False)
+    text = tiny_model.tokenizer.encode("Hello there, how are you?")
+
+    async def tokens(lm):
+        gen = torch.Generator().manual_seed(0)
+        stream = lm.generate(text, voice, SamplingParams(temperature=0.0), gen, 12, 40)
+        return [t async for new in stream for t in new], stream.prompt_tokens
+
+    embedded = EmbeddedEngine(tiny_model)
+    embedded.start()
+    try:
+        theirs, their_prompt = run(tokens(SGLangLM(tiny_model, server.url, export)))
+        ours, our_prompt = run(tokens(embedded.lm))
+    finally:
+        embedded.stop()
+    assert their_prompt == our_prompt == len(text) + 2
+    assert len(ours) == 40 and theirs == ours
 
 
 @needs_sglang

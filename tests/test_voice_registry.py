@@ -25,7 +25,6 @@ import pytest
 import soxr
 import torch
 from conftest import run
-from test_sglang import SGLANG_PYTHON
 
 from voiceagent.auth import keys
 from voiceagent.auth.gate import AuthConfig
@@ -45,10 +44,6 @@ SECRET = "registry-test-secret"
 PHONE = 8000
 SPOKEN = "Thanks, one moment please."
 
-needs_sglang = pytest.mark.skipif(
-    not SGLANG_PYTHON.exists(),
-    reason=f"SGLang is not installed at {SGLANG_PYTHON} (run: bash deploy/setup-sglang.sh)",
-)
 needs_multipart = pytest.mark.skipif(
     not HAS_MULTIPART, reason="python-multipart is not installed: no multipart/form-data"
 )
@@ -553,41 +548,3 @@ def test_voice_files_keep_the_lm_prompt_flag_and_older_files_load(tmp_path):
     torch.save(old, tmp_path / "old.pt")
     assert load_voice(tmp_path / "old.pt").lm_prompt
     assert read_voice_file(tmp_path / "old.pt")[1:] == ("hello", {})
-
-
-@needs_sglang
-def test_sglang_decodes_a_voice_without_transcript_as_the_embedded_engine(tmp_path, tiny_model):
-    """A real SGLang server (tests/test_sglang.py) and the embedded LM, greedy: the same
-    tokens from the same prompt, which holds neither prompt text nor prompt speech."""
-    from dataclasses import replace
-
-    from test_sglang import SGLangServer  # starts a real, stock SGLang server
-
-    from voiceagent.engine.embedded import EmbeddedEngine
-    from voiceagent.engine.sglang.client import SGLangLM
-    from voiceagent.engine.sglang.export import export_sglang
-    from voiceagent.model.sampling import SamplingParams
-
-    voice = replace(tiny_model.voices["agent"], lm_prompt=False)
-    text = tiny_model.tokenizer.encode("Hello there, how are you?")
-
-    async def tokens(lm: Any) -> tuple[list[int], int]:
-        gen = torch.Generator().manual_seed(0)
-        stream = lm.generate(text, voice, SamplingParams(temperature=0.0), gen, 12, 40)
-        out: list[int] = []
-        async for new in stream:
-            out += new
-        return out, stream.prompt_tokens
-
-    export_sglang(tiny_model, tmp_path)
-    server = SGLangServer(tmp_path, tmp_path / "sglang.log")
-    embedded = EmbeddedEngine(tiny_model)
-    embedded.start()
-    try:
-        theirs, their_prompt = run(tokens(SGLangLM(tiny_model, server.url, tmp_path)))
-        ours, our_prompt = run(tokens(embedded.lm))
-    finally:
-        embedded.stop()
-        server.kill()
-    assert their_prompt == our_prompt == len(text) + 2
-    assert len(ours) == 40 and theirs == ours
