@@ -171,7 +171,13 @@ class SessionMachine(RuleBasedStateMachine):
         kind = event["type"]
         num = self.turn_num(event)
         if num is None:
-            assert kind not in (*TERMINAL, "turn.started", "turn.first_audio", "audio.levels")
+            assert kind not in (
+                *TERMINAL,
+                "turn.started",
+                "turn.first_audio",
+                "audio.levels",
+                "turn.words",
+            )
             return
         assert num in self.nums, event
         assert num not in self.ended, f"{kind} for turn {num}, which had already ended"

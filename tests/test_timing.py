@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 
 import numpy as np
 import pytest
+from conftest import run
 
+from voiceagent.bench.clients import Client, connect
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.pipeline.turn import FrameFormat, Turn, TurnSettings
+from voiceagent.protocol import frames
 from voiceagent.text.timing import SpokenSegment, word_times, words_of
 
 
@@ -70,3 +74,42 @@ def test_a_turn_reports_each_segment_before_its_last_audio_and_the_spans_tile_th
     assert abs(segments[-1].end_ms - audio_ms) <= 40  # the audio ends with the tokens
     # each segment's timing comes before the last of its audio
     assert not isinstance(items[-1], SpokenSegment)
+
+
+def test_a_session_gets_each_segments_words_ahead_of_its_last_audio(server):
+    """`turn.words` over a real WebSocket session: the segments tile the turn's audio,
+    and each arrives before the frames at its end have been sent."""
+    text = "Hello, and welcome back. Your order shipped today. It arrives on Monday."
+
+    async def go():
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start(format={"codec": "pcm16", "sample_rate": 24000})
+            await c.send({"type": "speak", "text": text})
+            stream = []  # events and frames, in arrival order
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), 60)
+                if isinstance(msg, bytes):
+                    stream.append(frames.unpack(msg))
+                    continue
+                event = json.loads(msg)
+                stream.append(event)
+                if event["type"] in ("turn.done", "error"):
+                    return stream
+
+    stream = run(go())
+    words = [
+        (i, e) for i, e in enumerate(stream) if isinstance(e, dict) and e["type"] == "turn.words"
+    ]
+    sent = [(i, f) for i, f in enumerate(stream) if not isinstance(f, dict)]
+    done = stream[-1]
+    assert done["type"] == "turn.done", done
+    assert " ".join(e["text"] for _, e in words) == text
+    assert [w["word"] for _, e in words for w in e["words"]] == text.split()
+    assert words[0][1]["start_ms"] == 0
+    for (_, a), (_, b) in itertools.pairwise(words):
+        assert a["end_ms"] == b["start_ms"]
+    assert abs(words[-1][1]["end_ms"] - done["sent_ms"]) <= 60  # + the last frame's padding
+    for at, event in words:  # before the frame that plays the segment's end
+        last = next(i for i, f in sent if f.pts_ms + 20 >= event["end_ms"])
+        assert at < last, event

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -112,10 +113,13 @@ class Turn:
         record_pcm: bool = False,
         max_segment_tokens: int | None = None,
         max_output_frames: int = 0,
+        on_spoken: Callable[[SpokenSegment], Awaitable[None]] | None = None,
     ) -> None:
         """`max_output_frames`: frames made ahead of the consumer at most (0: no bound).
         The acoustic work waits beyond it, so a turn cut short by a cancel or barge-in has
-        not spent compute on audio nobody hears, and other turns get the worker sooner."""
+        not spent compute on audio nobody hears, and other turns get the worker sooner.
+        `on_spoken`: where each segment's timing goes as soon as it is known (a paced
+        session sends it at once, ahead of the audio); None: into `output`, in order."""
         self.id = turn_id
         self.settings = settings
         self.engine = engine
@@ -134,6 +138,7 @@ class Turn:
         self._acoustic: AcousticStream | None = None
         self._held = 0.0  # seconds waited on the output bound so far
         self._task: asyncio.Task[None] | None = None
+        self._on_spoken = on_spoken
 
     # -- input ----------------------------------------------------------------------------
 
@@ -251,7 +256,10 @@ class Turn:
 
     async def _spoken(self, segment: str, first: int) -> None:
         spoken = SpokenSegment.of_tokens(segment, first, len(self.tokens), self.settings.speed)
-        await self.output.put(spoken)
+        if self._on_spoken is not None:
+            await self._on_spoken(spoken)
+        else:
+            await self.output.put(spoken)
 
     async def _chunk(self, tokens: list[int], final: bool) -> None:
         assert self._acoustic is not None

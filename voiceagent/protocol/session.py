@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..audio.format import FRAME_MS
+from ..text.timing import SpokenSegment
 from .actions import (
     Action,
     AppendText,
@@ -459,6 +460,26 @@ class SessionCore:
             "levels": turn.levels,
         }
         turn.levels = []
+        return [SendEvent(event)]
+
+    def spoken(self, num: int, segment: SpokenSegment) -> list[Action]:
+        """Where a segment of turn `num` falls in its audio, known once its speech tokens
+        are: `turn.words`, ahead of that audio (captions, lip sync, word timestamps)."""
+        turn = self._turns.get(num)
+        if turn is None:
+            return []
+        words = [
+            {"word": w.word, "start_ms": w.start_ms, "end_ms": w.end_ms} for w in segment.words
+        ]
+        event = {
+            "type": "turn.words",
+            "turn_id": turn.turn_id,
+            "turn": num,
+            "text": segment.text,
+            "start_ms": round(segment.start_ms, 1),
+            "end_ms": round(segment.end_ms, 1),
+            "words": words,
+        }
         return [SendEvent(event)]
 
     def turn_done(self, num: int, timings: dict[str, Any]) -> list[Action]:

@@ -38,7 +38,6 @@ from ..protocol.session import (
     SessionCore,
     SetGain,
 )
-from ..text.timing import SpokenSegment
 from .admission import Admission
 from .playout import Heard, PlayoutConfig, TurnPlayout
 from .port import Transport
@@ -235,6 +234,7 @@ class SessionRunner:
             streaming=self.playout.streaming,
             max_segment_tokens=self.playout.max_segment_tokens,
             max_output_frames=self.playout.max_ahead_ms // FRAME_MS,
+            on_spoken=lambda segment: self.execute(self.core.spoken(action.num, segment)),
         )
         turn.start()
         self._turns[action.num] = turn
@@ -324,8 +324,8 @@ class SessionRunner:
                     code = ErrorCode(item.code)
                     await self.execute(self.core.turn_failed(num, code, str(item)))
                     return
-                if isinstance(item, SpokenSegment):
-                    continue  # sessions do not send word timing yet
+                if not isinstance(item, np.ndarray):
+                    continue  # (segment timing goes out through on_spoken, ahead of audio)
                 now = time.monotonic()
                 if start is None:
                     start = now
