@@ -25,7 +25,7 @@ from voiceagent.bench.clips import espeak_wav, have_espeak
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.model import checkpoint
 from voiceagent.model.checkpoint import CheckpointError
-from voiceagent.model.cosyvoice2.loader import REQUIRED
+from voiceagent.model.cosyvoice2.loader import EMBED, HEAD, REQUIRED
 from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
@@ -189,3 +189,24 @@ def test_voice_add_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path, cv
     assert "could not save voice 'caller': No space left on device" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert sorted(p.name for p in voices.iterdir()) == []  # no .pt, no partial .tmp
+
+
+def test_the_text_embedding_and_head_are_tied_as_in_the_reference(tmp_path, cv2_dir):
+    """The released Qwen config ties them; the reference loads llm.pt into a tied Qwen2
+    with load_state_dict, embedding first and head last, so a file with two different
+    tensors ends with the head's values in both. The writer saves them tied."""
+    written = torch.load(cv2_dir / "llm.pt", weights_only=True)
+    embed, head = written[EMBED], written[HEAD]
+    assert torch.equal(embed, head)  # the writer ties them, as the released file is
+
+    copy = tmp_path / "m"
+    shutil.copytree(cv2_dir, copy)
+    different = {**written, HEAD: torch.randn_like(head)}
+    torch.save(different, copy / "llm.pt")
+    lm = checkpoint.load(copy).lm.llm.model
+    assert lm.lm_head.weight is lm.model.embed_tokens.weight  # one tensor in memory
+    assert torch.equal(lm.model.embed_tokens.weight, different[HEAD])
+
+    torch.save({k: v for k, v in written.items() if k != HEAD}, copy / "llm.pt")
+    only_embedding = checkpoint.load(copy).lm.llm.model
+    assert torch.equal(only_embedding.lm_head.weight, embed)

@@ -72,12 +72,23 @@ def flow_config(yaml: dict[str, Any]) -> FlowConfig:
     )
 
 
+HEAD = "llm.model.lm_head.weight"
+EMBED = "llm.model.model.embed_tokens.weight"
+
+
 def _load_lm(lm: SpeechLM, path: Path, tied: bool) -> None:
+    """With `tie_word_embeddings` (the released Qwen config) the text embedding and the
+    LM head are one tensor, as in the reference: it builds Qwen2 with the two tied and
+    loads `llm.pt` into it with `load_state_dict`, which copies the embedding first and
+    the head last, so a file holding two different tensors leaves the head's in both.
+    A file may also hold the embedding alone."""
     state = dict(read_torch(path))
-    head = "llm.model.lm_head.weight"
-    if head not in state and tied:  # a tied head may be saved only as the embedding
-        state[head] = state.get("llm.model.model.embed_tokens.weight", torch.empty(0))
+    if tied:
+        shared = state.get(HEAD, state.get(EMBED, torch.empty(0)))
+        state[HEAD] = state[EMBED] = shared
     load_strict(lm, state, path)
+    if tied:  # one tensor in memory too (136 M values in the 0.5B model)
+        lm.llm.model.lm_head.weight = lm.llm.model.model.embed_tokens.weight
 
 
 def _voices(path: Path, tokenizer: QwenTextTokenizer) -> dict[str, Voice]:

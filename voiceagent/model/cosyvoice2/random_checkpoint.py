@@ -249,6 +249,8 @@ def write_random_cosyvoice2(directory: Path, size: str = "small", seed: int = 0)
 
     torch.manual_seed(seed)
     lm = SpeechLM(read_lm_setup(yaml, qwen).config)
+    # tied, as the released file's (its Qwen config says tie_word_embeddings)
+    lm.llm.model.lm_head.weight = lm.llm.model.model.embed_tokens.weight
     torch.save(lm.state_dict(), directory / "llm.pt")
     del lm
     fcfg = flow_config(yaml)
