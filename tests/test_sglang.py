@@ -72,6 +72,9 @@ class SGLangServer:
             "--device", "cpu", "--attention-backend", "torch_native",
             "--sampling-backend", "pytorch", "--skip-tokenizer-init",
             "--incremental-streaming-output", "--host", "127.0.0.1", "--port", str(self.port),
+            # A KV pool sized for the tests: by default SGLang zeroes ~70 % of the RAM for
+            # it on a CPU, half a minute of every start on a 2-core machine.
+            "--max-total-tokens", "20000",
         ]  # fmt: skip
         self.log = log
         self.proc = subprocess.Popen(
