@@ -1,9 +1,13 @@
-// The demo page: connects (WebRTC, or the WebSocket fallback), runs the session
-// protocol (docs/protocol.md), drives the avatar from audio.levels released on the
-// playback clock, and shows what happens. window.voiceagentDemo.state() is a read-only
-// snapshot for tests and for poking around in the console.
+// The demo page: connects (WebRTC, or the WebSocket when WebRTC cannot get through), runs
+// the session protocol (docs/protocol.md), drives the avatar and the captions from the
+// page's playback clock, shows what the bot is doing, and heals its connection by itself.
+// window.voiceagentDemo.state() is a read-only snapshot for tests and for the console
+// (described in web/README.md).
 
 import { Avatar } from "./avatar.js";
+import { Captions } from "./captions.js";
+import { Backoff, failureText, lostText, queryMs } from "./connection.js";
+import { DevicePickers } from "./devices.js";
 import { LevelClock } from "./levels.js";
 import { RtcTransport } from "./transport-webrtc.js";
 import { WsTransport } from "./transport-ws.js";
@@ -19,31 +23,50 @@ const ERROR_TEXT = {
   unexpected_binary: "Microphone audio reached the server while its microphone input was off.",
   message_too_large: "That text is too long to send in one message. Send a shorter text.",
   text_too_long: "This reply's text is longer than the server allows for one turn.",
-  unknown_voice: "That role is not one of the server's voices.",
+  unknown_voice: "That voice is not one of the server's voices.",
   invalid_parameter: "The server did not accept a setting or a field (for example an empty text).",
   session_not_started: "The session had not started yet when the page sent that.",
   session_already_started: "The session was already started.",
   duplicate_turn_id: "The page used a turn id twice.",
   unknown_turn: "That turn is unknown to the server (it may have finished).",
   no_open_turn: "There was no open turn to end.",
-  turn_queue_full: "Too many replies are waiting to be spoken. Wait for one to finish, or cancel.",
-  too_many_sessions: "The server is full (too many sessions). Try again in a moment.",
-  synthesis_failed: "The server could not synthesize this reply.",
+  turn_queue_full: "Too many replies are waiting to be spoken. Wait for one to finish, or stop them.",
+  too_many_sessions: "The server is full right now.",
+  server_draining: "The server is restarting.",
+  server_busy: "The server is busy with other replies. Try again in a moment.",
+  quota_exceeded: "Your account has reached its limit for now. Try again in a moment.",
+  rate_limited: "The page sent messages too fast; the server slowed it down.",
+  synthesis_failed: "The server could not make the audio for this reply.",
   engine_unavailable: "The speech engine behind the server cannot be reached right now.",
   internal_error: "The server hit an internal error on this reply.",
 };
 
+// Errors that come with a refused connection: they are said in the connection's message.
+const REFUSAL_CODES = new Set(["server_draining", "too_many_sessions", "quota_exceeded"]);
+const LIVE = new Set(["sent", "queued", "started", "playing"]);
+const FINAL = new Set(["done", "cancelled", "failed", "ended"]);
 const MAX_EVENTS = 300;
 const LLM_DELTA_MS = 50;
+const SESSION_TIMEOUT_MS = 10000;
+const ICE_HINT_MS = queryMs("ice_hint_ms", 3000);
+const ICE_HINT =
+  "Still connecting… a firewall may be blocking the audio path; the page will switch to WebSocket if it does not get through.";
+const INTERRUPTED_MS = 2000;
+const MAX_ERRORS_SHOWN = 3;
 
 const ui = {
-  transportSelect: $("transport-select"),
-  transport: $("transport"),
+  link: $("link"),
   connection: $("connection"),
+  transport: $("transport"),
+  transportSelect: $("transport-select"),
+  connMessage: $("conn-message"),
+  connMessageText: $("conn-message-text"),
   reconnect: $("reconnect"),
   modelNotice: $("model-notice"),
   modelWarning: $("model-warning"),
   envNotice: $("env-notice"),
+  botState: $("bot-state"),
+  botStateText: $("bot-state-text"),
   form: $("speak-form"),
   text: $("text"),
   voice: $("voice"),
@@ -52,13 +75,18 @@ const ui = {
   cancel: $("cancel"),
   mic: $("mic"),
   bargeMode: $("barge-mode"),
+  settings: $("settings"),
   ttfa: $("ttfa"),
   buffered: $("buffered"),
   lipsync: $("lipsync"),
   playing: $("playing"),
+  connDetail: $("conn-detail"),
   turns: $("turns"),
   barge: $("barge"),
+  log: $("log"),
   errors: $("errors"),
+  alert: $("announce-alert"),
+  status: $("announce-status"),
   mouthMeter: $("mouth-meter"),
   outputMeter: $("output-meter"),
   micMeter: $("mic-meter"),
@@ -66,27 +94,53 @@ const ui = {
 
 const clock = new LevelClock();
 const avatar = new Avatar($("avatar"));
+const captions = new Captions($("caption"));
+const backoff = new Backoff(queryMs("retry_ms", 500), queryMs("retry_max_ms", 4000));
+const devices = new DevicePickers($("mic-device"), $("speaker-device"), $("speaker-note"), onDevicePicked);
 
 const page = {
   transport: null,
+  preferred: "webrtc", // what the person chose: WebRTC (WebSocket if blocked) or WebSocket
   fallback: null, // why WebRTC was given up, when it was
-  connection: "idle",
+  connection: "connecting", // connecting | connected | reconnecting | stopped
   generation: 0,
   session: null, // the session.created event
+  everConnected: false,
+  reconnects: 0, // sessions started again after a drop
+  lostText: null, // why the last connection ended or the last attempt failed
+  retryAt: null,
+  refusal: null, // error code sent just before a refused connection closed
+  timers: { retry: null, session: null, hint: null },
+  connMessage: null, // {text, tone}
+  lastClose: null,
   voices: [],
   voice: null,
   mic: false,
+  micWanted: false, // stays on across a reconnect
+  micBusy: false,
+  micDevice: "",
+  speakerWanted: "",
+  speakerInUse: null,
+  speakerSupported: null,
   turns: new Map(), // turn_id -> record
   byNum: new Map(), // turn number -> turn_id (this session)
   stoppedAt: new Map(), // turn number -> ms of it played when the page silenced it
   lastTurnId: null,
   nextTurn: 0,
+  captionTurn: null,
   events: [], // recent event types, oldest first (audio.levels only counted)
   sent: [], // recent messages sent: {type, t (performance.now())}
   levelEvents: 0,
   syncEvents: 0,
-  errors: [],
+  errors: [], // shown now (cleared when the page reconnects)
+  log: [], // everything that went wrong or changed, with codes
   barge: [],
+  announcements: [],
+  botState: "connecting",
+  speakingUntil: 0,
+  interrupted: { until: 0, by: null },
+  hearing: false, // the microphone hears speech (speech_started .. speech_stopped)
+  ducked: false,
   mouthOpen: 0,
   outputLevel: 0,
   micLevel: 0,
@@ -95,42 +149,147 @@ const page = {
   streamTimer: null,
 };
 
+// -- announcements and messages ------------------------------------------------------------
+
+/** Say `text` to screen readers: "alert" interrupts (errors, barge-ins), "status" waits. */
+function announce(text, kind = "status") {
+  page.announcements.push({ kind, text, t: Math.round(performance.now()) });
+  if (page.announcements.length > 50) page.announcements.shift();
+  const region = kind === "alert" ? ui.alert : ui.status;
+  // cleared first, so the same words said twice are announced twice
+  region.textContent = "";
+  setTimeout(() => {
+    region.textContent = text;
+  }, 50);
+}
+
+function logLine(text) {
+  const at = new Date().toLocaleTimeString();
+  page.log.push({ at, text });
+  if (page.log.length > MAX_EVENTS) page.log.shift();
+  const li = document.createElement("li");
+  li.textContent = `${at} ${text}`;
+  ui.log.append(li);
+  while (ui.log.children.length > 100) ui.log.firstElementChild.remove();
+  ui.log.scrollTop = ui.log.scrollHeight;
+}
+
+function setConnMessage(text, tone = "warn") {
+  page.connMessage = text ? { text, tone } : null;
+  ui.connMessage.hidden = !text;
+  ui.connMessage.dataset.tone = tone;
+  ui.connMessageText.textContent = text || "";
+  ui.reconnect.hidden = !["reconnecting", "stopped"].includes(page.connection);
+}
+
+function addError(text, serverMessage = null, code = null) {
+  const error = { code, text, message: serverMessage };
+  page.errors.push(error);
+  logLine(`error${code ? ` ${code}` : ""}: ${text}${serverMessage ? ` (server: ${serverMessage})` : ""}`);
+  const li = document.createElement("li");
+  li.className = "message error";
+  const words = document.createElement("span");
+  words.textContent = text;
+  if (serverMessage) {
+    const small = document.createElement("small");
+    small.textContent = `server: ${serverMessage}`;
+    words.append(small);
+  }
+  const dismiss = document.createElement("button");
+  dismiss.type = "button";
+  dismiss.className = "dismiss";
+  dismiss.textContent = "×";
+  dismiss.setAttribute("aria-label", "Dismiss this message");
+  dismiss.addEventListener("click", () => {
+    const i = page.errors.indexOf(error);
+    if (i >= 0) page.errors.splice(i, 1);
+    li.remove();
+    ui.text.focus(); // the button that had focus is gone
+  });
+  li.append(words, dismiss);
+  ui.errors.append(li);
+  while (ui.errors.children.length > MAX_ERRORS_SHOWN) ui.errors.firstElementChild.remove();
+  announce(text, "alert");
+}
+
+function clearErrors() {
+  page.errors = [];
+  ui.errors.replaceChildren();
+}
+
 // -- connection ---------------------------------------------------------------------------
+
+function clearTimers() {
+  for (const k of Object.keys(page.timers)) {
+    clearTimeout(page.timers[k]);
+    page.timers[k] = null;
+  }
+}
 
 function setConnection(state) {
   page.connection = state;
-  ui.connection.textContent = state;
-  ui.connection.dataset.state = state;
-  ui.reconnect.hidden = !["closed", "failed", "disconnected"].includes(state);
-  const ready = state === "connected" && page.session !== null;
-  for (const el of [ui.speak, ui.cancel, ui.mic, ui.voice, ui.bargeMode]) el.disabled = !ready;
+  ui.link.dataset.state = state;
+  const words = {
+    connecting: page.everConnected ? "Reconnecting…" : "Connecting…",
+    connected: "Connected",
+    reconnecting: "Offline, reconnecting",
+    stopped: "Offline",
+  };
+  ui.connection.textContent = words[state];
+  ui.reconnect.hidden = !["reconnecting", "stopped"].includes(state);
+  renderControls();
 }
 
-function setTransportLabel() {
+function ready() {
+  return page.connection === "connected" && page.session !== null;
+}
+
+function renderControls() {
+  const ok = ready();
+  // aria-disabled, not disabled: a focused control keeps its focus while the page
+  // reconnects, and a press says why nothing happens
+  for (const el of [ui.speak, ui.mic]) el.setAttribute("aria-disabled", String(!ok));
+  ui.cancel.setAttribute("aria-disabled", String(!ok || !anyLive()));
+}
+
+function renderTransport() {
   const t = page.transport;
-  ui.transport.textContent = t ? (page.fallback ? `${t.name} (fallback)` : t.name) : "–";
-  ui.transport.title = page.fallback ? `WebRTC failed: ${page.fallback}` : "";
+  let text = t ? t.name : "–";
+  if (t && page.fallback) text = "WebSocket (WebRTC blocked)";
+  ui.transport.textContent = text;
+  ui.link.title = page.fallback ? `WebRTC could not connect: ${page.fallback}. The page uses the WebSocket instead.` : "";
+}
+
+function currentKind() {
+  return page.fallback ? "ws" : page.preferred;
 }
 
 async function connect(kind, allowFallback) {
+  endLiveTurns(); // a turn still live now belongs to the connection that goes
   const gen = ++page.generation;
+  clearTimers();
   if (page.transport) page.transport.close();
   stopStreaming();
   clock.dropAll();
   page.byNum.clear();
   page.stoppedAt.clear();
   page.session = null;
+  page.refusal = null;
   page.mic = false;
+  page.hearing = false;
+  page.ducked = false;
   page.bufferedMs = null;
+  page.speakerInUse = null;
   renderMic();
+  const mine = (f) => (...args) => (gen === page.generation ? f(...args) : undefined);
   const hooks = {
-    onEvent: (e) => gen === page.generation && onEvent(e),
-    onState: (s) => gen === page.generation && setConnection(s),
-    onAnchor: (turn, offset, at, hold) => gen === page.generation && onAnchor(turn, offset, at, hold),
-    onBuffered: (ms) => {
-      if (gen === page.generation) page.bufferedMs = ms;
-    },
-    onError: (text) => gen === page.generation && addError(text),
+    onEvent: mine(onEvent),
+    onLost: mine(onLost),
+    onAnchor: mine(onAnchor),
+    onBuffered: mine((ms) => {
+      page.bufferedMs = ms;
+    }),
+    onError: mine((text) => addError(text)),
   };
   const t = kind === "ws" ? new WsTransport(hooks) : new RtcTransport(hooks, $("remote-audio"));
   // every control message the page sends, also those the transport sends itself
@@ -141,28 +300,42 @@ async function connect(kind, allowFallback) {
     try {
       rawSend(message);
     } catch (err) {
-      addError(`The page could not send a ${message.type} message: ${err.message}.`);
+      logLine(`could not send ${message.type}: ${err.message}`);
     }
   };
   page.transport = t;
-  setTransportLabel();
+  renderTransport();
   setConnection("connecting");
+  if (page.lostText) setConnMessage(`${page.lostText} Reconnecting…`);
+  if (kind === "webrtc") {
+    page.timers.hint = setTimeout(
+      mine(() => {
+        if (page.connection !== "connecting") return;
+        setConnMessage(ICE_HINT, "info");
+        announce(ICE_HINT);
+      }),
+      ICE_HINT_MS,
+    );
+  }
   try {
     await t.connect();
   } catch (err) {
     t.close();
     if (gen !== page.generation) return;
-    if (kind === "webrtc" && allowFallback) {
+    clearTimeout(page.timers.hint);
+    logLine(`${t.name} did not connect: ${err.message}`);
+    if (kind === "webrtc" && allowFallback && (err.kind === "path" || err.kind === "unsupported")) {
       page.fallback = err.message;
-      addError(`WebRTC could not connect (${err.message}). Using the WebSocket instead.`);
-      await connect("ws", false);
+      logLine("using the WebSocket instead of WebRTC");
+      connect("ws", false);
       return;
     }
-    setConnection("failed");
-    addError(`Could not connect over ${t.name}: ${err.message}.`);
+    if (err.kind === "denied") stopConnecting(failureText(err));
+    else scheduleRetry(failureText(err));
     return;
   }
   if (gen !== page.generation) return;
+  clearTimeout(page.timers.hint);
   // playback.reports: the page says how much of a turn it played (every 250 ms, and once
   // when it stops a turn on audio.clear), so cancels report what was really heard.
   t.send({
@@ -171,13 +344,78 @@ async function connect(kind, allowFallback) {
     barge_in: { mode: "off" },
     playback: { reports: true },
   });
+  page.timers.session = setTimeout(
+    mine(() => {
+      if (page.session) return;
+      t.close();
+      logLine("no session.created within 10 s");
+      scheduleRetry(failureText({ kind: "session" }));
+    }),
+    SESSION_TIMEOUT_MS,
+  );
+}
+
+function scheduleRetry(text) {
+  const delay = backoff.next();
+  page.lostText = text;
+  page.retryAt = performance.now() + delay;
+  setConnection("reconnecting");
+  renderRetryMessage();
+  page.timers.retry = setTimeout(reconnectNow, delay);
+}
+
+function renderRetryMessage() {
+  if (page.connection !== "reconnecting" || page.retryAt === null) return;
+  const s = Math.max(1, Math.ceil((page.retryAt - performance.now()) / 1000));
+  const text = `${page.lostText} Reconnecting in ${s} s…`;
+  if (!page.connMessage || page.connMessage.text !== text) setConnMessage(text);
+}
+
+function stopConnecting(text) {
+  page.lostText = text;
+  page.retryAt = null;
+  setConnection("stopped");
+  setConnMessage(text, "error");
+  announce(text, "alert");
+}
+
+function reconnectNow() {
+  clearTimers();
+  page.retryAt = null;
+  connect(currentKind(), currentKind() === "webrtc");
+}
+
+/** The connection ended (transports call this once, only after connect() succeeded). */
+function onLost(info) {
+  page.lastClose = info;
+  logLine(`connection ended: ${info.why ? info.why : `close code ${info.code}${info.reason ? ` (${info.reason})` : ""}`}`);
+  const { text, retry } = lostText(info, page.refusal);
+  const wasUp = page.session !== null;
+  const t = page.transport;
+  clearTimers();
+  endLiveTurns(); // before the transport goes: what was heard of each is still known
+  page.session = null;
+  page.mic = false;
+  renderMic();
+  t.close();
+  clock.dropAll();
+  if (wasUp) {
+    announce(`${text} Reconnecting.`, "alert");
+    addNote(`Connection lost: ${text}`);
+  }
+  if (retry) scheduleRetry(text);
+  else stopConnecting(text);
 }
 
 function chooseTransport(kind) {
   const url = new URL(location.href);
   url.searchParams.set("transport", kind);
   history.replaceState(null, "", url);
+  page.preferred = kind;
   page.fallback = null;
+  page.lostText = null;
+  backoff.reset();
+  setConnMessage(null);
   connect(kind, kind === "webrtc");
 }
 
@@ -191,7 +429,18 @@ function remember(type) {
 function turnRecord(id) {
   let rec = page.turns.get(id);
   if (!rec) {
-    rec = { turn_id: id, turn: null, voice: null, status: "sent", sentAt: null, ttfa_ms: null };
+    rec = {
+      turn_id: id,
+      seq: null,
+      turn: null,
+      voice: null,
+      status: "sent",
+      text: "",
+      sentAt: null,
+      ttfa_ms: null,
+      ttfa_from: null,
+      generation: page.generation,
+    };
     page.turns.set(id, rec);
   }
   return rec;
@@ -200,6 +449,11 @@ function turnRecord(id) {
 function recordOf(num) {
   const id = page.byNum.get(num);
   return id === undefined ? null : page.turns.get(id);
+}
+
+function anyLive() {
+  for (const r of page.turns.values()) if (LIVE.has(r.status)) return true;
+  return false;
 }
 
 function onEvent(e) {
@@ -215,16 +469,19 @@ function onEvent(e) {
       break;
     case "turn.started": {
       const rec = turnRecord(e.turn_id);
-      Object.assign(rec, { turn: e.turn, voice: e.voice, status: e.queued ? "queued" : "started" });
+      Object.assign(rec, { turn: e.turn, voice: e.voice });
+      if (!FINAL.has(rec.status)) rec.status = e.queued ? "queued" : "started";
       page.byNum.set(e.turn, e.turn_id);
-      page.lastTurnId = e.turn_id;
       renderTurn(rec);
       break;
     }
+    case "turn.words":
+      captions.add(e.turn_id, e);
+      break;
     case "turn.first_audio": {
       const rec = recordOf(e.turn);
       if (!rec) break;
-      rec.status = "playing";
+      if (!FINAL.has(rec.status)) rec.status = "playing";
       rec.firstAudioAt = performance.now();
       // Without audio.sync (an older server) WebRTC has no playback anchor: estimate.
       setTimeout(() => estimateTtfa(rec), 1500);
@@ -241,7 +498,10 @@ function onEvent(e) {
       clock.end(e.turn, e.sent_ms);
       const rec = recordOf(e.turn);
       if (!rec) break;
-      Object.assign(rec, { status: "done", sent_ms: e.sent_ms, server_ttfa_ms: e.timings?.ttfa_ms ?? null });
+      rec.sent_ms = e.sent_ms;
+      rec.server_ttfa_ms = e.timings?.ttfa_ms ?? null;
+      rec.doneAt = performance.now();
+      if (!FINAL.has(rec.status)) rec.status = "done";
       renderTurn(rec);
       break;
     }
@@ -252,36 +512,25 @@ function onEvent(e) {
       page.transport.send({ type: "playback", turn_id: e.turn_id, played_ms: played, stopped: true });
       break;
     }
-    case "turn.cancelled": {
-      silence([e.turn]);
-      const rec = recordOf(e.turn);
-      if (rec) {
-        Object.assign(rec, {
-          status: "cancelled",
-          reason: e.reason || "cancel",
-          sent_ms: e.sent_ms,
-          played_ms: e.played_ms ?? null,
-          played_source: e.played_source ?? null,
-        });
-        renderTurn(rec);
-      }
-      if (e.reason === "barge_in") {
-        const heard = e.played_ms == null ? "" : ` after ${(e.played_ms / 1000).toFixed(2)} s heard`;
-        addBarge(`barge-in: ${e.turn_id} cancelled${heard}`);
-      }
+    case "turn.cancelled":
+      onCancelled(e);
       break;
-    }
     case "speech_started":
-      addBarge(`speech started (mic at ${(e.t_ms / 1000).toFixed(2)} s)`);
+      page.hearing = true;
+      addBarge(`you started talking (${(e.t_ms / 1000).toFixed(2)} s into the microphone audio)`);
       break;
     case "speech_stopped":
-      addBarge(`speech stopped (mic at ${(e.t_ms / 1000).toFixed(2)} s)`);
+      page.hearing = false;
+      addBarge(`you stopped talking (${(e.t_ms / 1000).toFixed(2)} s)`);
       break;
     case "audio.ducked": // barge_in.mode "duck": the person talks, the bot goes quiet
-      addBarge(`the bot's voice is ducked to gain ${e.gain}`);
+      page.ducked = true;
+      addBarge(`the avatar talks quieter while you talk (volume × ${e.gain})`);
+      announce("You are talking: the avatar lowers its voice.", "alert");
       break;
     case "audio.unducked":
-      addBarge("the bot's voice is back to full volume");
+      page.ducked = false;
+      addBarge("the avatar is back to full volume");
       break;
     case "error":
       onServerError(e);
@@ -292,39 +541,88 @@ function onEvent(e) {
 }
 
 function onSessionCreated(e) {
+  clearTimeout(page.timers.session);
   page.session = e;
   page.voices = Array.isArray(e.voices) ? e.voices : [];
-  ui.voice.replaceChildren(
-    ...page.voices.map((v) => {
-      const o = document.createElement("option");
-      o.value = v;
-      o.textContent = v;
-      return o;
-    }),
-  );
+  ui.voice.replaceChildren(...page.voices.map((v) => new Option(v, v)));
   const wanted = page.voice;
   page.voice = e.settings?.voice ?? page.voices[0] ?? null;
   if (wanted && wanted !== page.voice && page.voices.includes(wanted)) {
-    page.voice = wanted; // keep the role picked before a reconnect
+    page.voice = wanted; // keep the voice picked before a reconnect
     page.transport.send({ type: "session.update", voice: wanted });
   }
   ui.voice.value = page.voice;
   const model = e.model || {};
   ui.modelNotice.hidden = model.random_weights !== true;
   ui.modelWarning.textContent = model.warning ? `Server: ${model.warning}` : "";
-  setConnection(page.connection);
+  const again = page.everConnected;
+  page.everConnected = true;
+  backoff.reset();
+  page.lostText = null;
+  page.retryAt = null;
+  clearErrors();
+  setConnMessage(null);
+  setConnection("connected");
+  logLine(`session ${e.session_id} started over ${page.transport.name}`);
+  if (again) {
+    page.reconnects += 1;
+    addNote("Reconnected.");
+    announce("Reconnected.");
+  }
+  const t = page.transport;
+  devices.setSpeakerSupport(t.constructor.canPickSpeaker(), t.name);
+  if (page.speakerWanted) applySpeaker();
+  if (page.micWanted) toggleMic(true);
 }
 
 function onServerError(e) {
-  const plain = ERROR_TEXT[e.code] || `The server reported an error (${e.code}).`;
+  if (!page.session && REFUSAL_CODES.has(e.code)) {
+    // a refused connection: the close that follows says it in the connection's message
+    page.refusal = e.code;
+    logLine(`refused: ${e.code} (${e.message})`);
+    return;
+  }
+  const plain = ERROR_TEXT[e.code] || "The server reported an error.";
   addError(plain, e.message, e.code);
   if (e.turn_id) {
     const rec = page.turns.get(e.turn_id);
     if (rec) {
       rec.status = "failed";
+      rec.error = plain;
+      rec.endedAt = performance.now();
       if (rec.turn !== null) silence([rec.turn]);
       renderTurn(rec);
     }
+  }
+}
+
+function onCancelled(e) {
+  silence([e.turn]);
+  const rec = recordOf(e.turn);
+  if (!rec) return;
+  const first = rec.status !== "cancelled"; // not already marked when the page stopped it
+  Object.assign(rec, {
+    status: "cancelled",
+    reason: e.reason || "cancel",
+    sent_ms: e.sent_ms,
+    played_ms: e.played_ms ?? rec.played_ms ?? 0,
+    played_source: e.played_source ?? null,
+  });
+  if (rec.endedAt == null) rec.endedAt = performance.now();
+  renderTurn(rec);
+  if (e.reason === "barge_in") {
+    const heard = e.played_ms == null ? "" : ` after ${(e.played_ms / 1000).toFixed(2)} s`;
+    addBarge(`barge-in: you interrupted ${e.turn_id}${heard}`);
+    if (first && rec.played_ms > 0) interrupt("barge_in");
+  }
+}
+
+/** The bot was cut off while it spoke: the face says so for a moment. */
+function interrupt(by) {
+  page.interrupted = { until: performance.now() + INTERRUPTED_MS, by };
+  if (by === "barge_in") {
+    announce("You interrupted the avatar.", "alert");
+    addNote("You spoke: the avatar stopped.");
   }
 }
 
@@ -351,24 +649,53 @@ function silence(nums) {
   if (page.transport) page.transport.flushTurns(nums);
 }
 
-function onAnchor(turn, offsetMs, at, holdMs) {
-  clock.anchor(turn, offsetMs, at, holdMs);
-  const rec = recordOf(turn);
-  if (rec && rec.ttfa_ms === null && rec.sentAt !== null) {
-    // when offset 0 of the turn is heard, counted from the moment the text was sent
-    rec.ttfa_ms = Math.round(at - offsetMs - rec.sentAt);
-    rec.ttfaEstimated = false;
+/** Every turn still live belongs to a connection that is gone: it ends here. */
+function endLiveTurns() {
+  const now = performance.now();
+  for (const rec of page.turns.values()) {
+    if (!LIVE.has(rec.status)) continue;
+    const played = rec.turn !== null && rec.generation === page.generation ? clock.playedMs(rec.turn, now) : 0;
+    Object.assign(rec, { status: "ended", reason: "connection_lost", played_ms: Math.round(played), endedAt: now });
     renderTurn(rec);
   }
 }
 
+function onAnchor(turn, offsetMs, at, holdMs) {
+  clock.anchor(turn, offsetMs, at, holdMs);
+  const rec = recordOf(turn);
+  if (rec && rec.ttfa_ms === null && rec.sentAt !== null) {
+    setTtfa(rec, at - offsetMs, false);
+  }
+}
+
+/** Time to first audio, from when the turn could start playing: when its text was sent,
+ *  or when the turn before it finished, whichever is later (a queued turn waits for the
+ *  one before it; that wait is not the server's delay). `heardAt`: when its audio at
+ *  offset 0 is heard. */
+function setTtfa(rec, heardAt, estimated) {
+  let from = rec.sentAt;
+  let fromPrevious = false;
+  const prev = rec.turn > 1 ? recordOf(rec.turn - 1) : null;
+  if (prev) {
+    let end = prev.endedAt ?? clock.endAt(prev.turn);
+    if (end == null) end = prev.status === "done" && !(prev.sent_ms > 0) ? prev.doneAt : heardAt;
+    if (end != null && end > from) {
+      from = end;
+      fromPrevious = true;
+    }
+  }
+  rec.ttfa_ms = Math.max(0, Math.round(heardAt - from));
+  rec.ttfa_from = fromPrevious ? "previous" : "sent";
+  rec.ttfaEstimated = estimated;
+  renderTurn(rec);
+}
+
 function estimateTtfa(rec) {
-  if (rec.ttfa_ms !== null || rec.sentAt === null || !page.transport) return;
+  const over = FINAL.has(rec.status) && rec.status !== "done";
+  if (rec.ttfa_ms !== null || rec.sentAt === null || !page.transport || over) return;
   const t = page.transport;
   const delay = t.delayMs ? t.delayMs() : 40;
-  rec.ttfa_ms = Math.round(rec.firstAudioAt + delay - rec.sentAt);
-  rec.ttfaEstimated = true;
-  renderTurn(rec);
+  setTtfa(rec, rec.firstAudioAt + delay, true);
 }
 
 // -- actions ------------------------------------------------------------------------------
@@ -383,12 +710,24 @@ function stopStreaming() {
   page.streamTimer = null;
 }
 
+function notReady() {
+  const why =
+    page.connection === "stopped"
+      ? "Not connected. Press Reconnect now."
+      : "Not connected yet: the page is connecting to the server.";
+  announce(why, "alert");
+  if (!page.connMessage) setConnMessage(why);
+}
+
 async function speak() {
   const t = page.transport;
   const text = ui.text.value;
-  if (!t || !page.session) return;
+  if (!ready()) {
+    notReady();
+    return;
+  }
   if (!text.trim()) {
-    addError("Type some text first.");
+    addError("Type something for the avatar to say first.");
     return;
   }
   await t.resume();
@@ -396,9 +735,12 @@ async function speak() {
   page.nextTurn += 1;
   const id = `r${page.nextTurn}`;
   const rec = turnRecord(id);
+  rec.seq = page.nextTurn;
   rec.sentAt = performance.now();
   rec.text = text;
   page.lastTurnId = id;
+  renderTurn(rec);
+  renderControls();
   if (!ui.streamMode.checked) {
     t.send({ type: "speak", turn_id: id, text });
     return;
@@ -417,51 +759,90 @@ async function speak() {
   page.streamTimer = setInterval(step, LLM_DELTA_MS);
 }
 
+/** Stop: every live turn, whatever the transport. The page marks them stopped at once,
+ *  with how much of each it played (the same number it reports to the server); the
+ *  server's turn.cancelled confirms it. */
 function cancelAll() {
   const t = page.transport;
-  if (!t) return;
   const streaming = page.streamTimer !== null;
   stopStreaming();
-  t.send({ type: "cancel" });
-  // silence what is still buffered here at once; the server confirms with turn.cancelled
-  const live = [...page.turns.values()].filter(
-    (r) => r.turn !== null && ["sent", "queued", "started", "playing"].includes(r.status),
-  );
-  silence(live.map((r) => r.turn));
+  const live = [...page.turns.values()].filter((r) => LIVE.has(r.status));
+  if (!live.length && !streaming) return false;
+  if (t && ready()) t.send({ type: "cancel" });
+  const now = performance.now();
+  const heard = live.some((r) => r.turn !== null && clock.playedMs(r.turn, now) > 0);
+  silence(live.filter((r) => r.turn !== null).map((r) => r.turn));
+  for (const r of live) {
+    Object.assign(r, {
+      status: "cancelled",
+      reason: "cancel",
+      played_ms: r.turn === null ? 0 : Math.round(page.stoppedAt.get(r.turn) ?? 0),
+      endedAt: now,
+    });
+    renderTurn(r);
+  }
   if (streaming) remember("llm.stopped");
+  if (heard) interrupt("cancel");
+  announce("Stopped.");
+  renderControls();
+  return true;
 }
 
-async function toggleMic() {
+async function toggleMic(forceOn = null) {
+  if (page.micBusy) return;
   const t = page.transport;
-  if (!t) return;
-  const on = !page.mic;
-  ui.mic.disabled = true;
+  if (!ready()) {
+    notReady();
+    return;
+  }
+  const on = forceOn === null ? !page.mic : forceOn;
+  if (on === page.mic) return;
+  // never disabled while it works: the button keeps its focus (aria-busy says it is busy)
+  page.micBusy = true;
+  ui.mic.setAttribute("aria-busy", "true");
   try {
     await t.resume();
-    await t.setMic(on, ui.bargeMode.value);
+    await t.setMic(on, ui.bargeMode.value, page.micDevice);
+    if (t !== page.transport) return;
     page.mic = on;
+    page.micWanted = on;
+    if (on) devices.refresh(); // with the microphone allowed, devices have names
+    announce(on ? "Microphone on: talk to interrupt the avatar." : "Microphone off.");
   } catch (err) {
-    addError(`The microphone could not be ${on ? "opened" : "closed"}: ${err.message}.`);
+    addError(`The microphone could not be turned ${on ? "on" : "off"}: ${err.message}.`);
   } finally {
-    ui.mic.disabled = !(page.connection === "connected" && page.session);
+    page.micBusy = false;
+    ui.mic.removeAttribute("aria-busy");
     renderMic();
   }
 }
 
-// -- rendering ----------------------------------------------------------------------------
-
-function addError(text, serverMessage = null, code = null) {
-  page.errors.push({ code, text, message: serverMessage });
-  const li = document.createElement("li");
-  li.textContent = text;
-  if (serverMessage) {
-    const small = document.createElement("small");
-    small.textContent = `server: ${serverMessage}`;
-    li.append(small);
+async function onDevicePicked(kind, deviceId) {
+  if (kind === "mic") {
+    page.micDevice = deviceId;
+    if (page.mic && ready()) {
+      // the new microphone from now on: close the old one, open the new one
+      await toggleMic(false);
+      page.micWanted = true;
+      await toggleMic(true);
+    }
+    return;
   }
-  ui.errors.append(li);
-  ui.errors.scrollTop = ui.errors.scrollHeight;
+  page.speakerWanted = deviceId;
+  await applySpeaker();
 }
+
+async function applySpeaker() {
+  const t = page.transport;
+  if (!t || !ready()) return;
+  try {
+    page.speakerInUse = await t.setSpeaker(page.speakerWanted);
+  } catch (err) {
+    addError(`The page could not switch to that speaker: ${err.message}.`);
+  }
+}
+
+// -- rendering ----------------------------------------------------------------------------
 
 function addBarge(text) {
   page.barge.push(text);
@@ -471,13 +852,62 @@ function addBarge(text) {
   ui.barge.scrollTop = ui.barge.scrollHeight;
 }
 
-function renderMic() {
-  ui.mic.setAttribute("aria-pressed", String(page.mic));
-  ui.mic.textContent = page.mic ? "Microphone on · barge-in" : "Microphone off";
+/** A line in the transcript that is not a reply: a barge-in, a reconnect. */
+function addNote(text) {
+  const li = document.createElement("li");
+  li.className = "note";
+  li.textContent = text;
+  ui.turns.append(li);
+  ui.turns.scrollTop = ui.turns.scrollHeight;
 }
 
-function fmtMs(ms) {
-  return ms === null || ms === undefined ? "–" : `${Math.round(ms)} ms`;
+function renderMic() {
+  ui.mic.setAttribute("aria-pressed", String(page.mic));
+  ui.mic.textContent = page.mic ? "Mic on" : "Mic off";
+  ui.mic.title = page.mic ? "Your microphone is on: talk to interrupt the avatar" : "Turn the microphone on to interrupt by talking";
+}
+
+function secs(ms) {
+  return `${(ms / 1000).toFixed(1)} s`;
+}
+
+/** A turn's state in words, the same on both transports. */
+function statusText(rec) {
+  switch (rec.status) {
+    case "sent":
+      return "Sending…";
+    case "queued":
+      return "Waiting for the reply before it";
+    case "started":
+      return "Preparing…";
+    case "playing":
+      return "Speaking";
+    case "done":
+      return rec.sent_ms > 0 ? `Spoken · ${secs(rec.sent_ms)}` : "Nothing to say";
+    case "cancelled": {
+      const heard = rec.played_ms > 0;
+      if (rec.reason === "barge_in") {
+        return heard ? `Interrupted when you spoke, after ${secs(rec.played_ms)}` : "Interrupted before it was heard";
+      }
+      return heard ? `Stopped by you after ${secs(rec.played_ms)}` : "Stopped before it was heard";
+    }
+    case "failed":
+      return `Failed: ${rec.error || "the server could not say it"}`;
+    case "ended":
+      return rec.played_ms > 0
+        ? `Cut off after ${secs(rec.played_ms)}: the connection was lost`
+        : "Not spoken: the connection was lost";
+    default:
+      return rec.status;
+  }
+}
+
+function ttfaText(rec) {
+  if (rec.ttfa_ms === null) return "";
+  const est = rec.ttfaEstimated ? " (estimated)" : "";
+  return rec.ttfa_from === "previous"
+    ? `first sound ${rec.ttfa_ms} ms after the reply before it${est}`
+    : `first sound ${rec.ttfa_ms} ms after sending${est}`;
 }
 
 function renderTurn(rec) {
@@ -485,20 +915,66 @@ function renderTurn(rec) {
   if (!li) {
     li = document.createElement("li");
     li.dataset.turnId = rec.turn_id;
+    li.innerHTML = '<span class="num"></span><div class="body"><p class="said"></p><p class="meta"></p></div>';
     ui.turns.append(li);
+    ui.turns.scrollTop = ui.turns.scrollHeight;
   }
-  const ttfa = rec.ttfa_ms === null ? "TTFA –" : `TTFA ${rec.ttfa_ms} ms${rec.ttfaEstimated ? " (est.)" : ""}`;
-  let status = rec.status;
-  if (rec.status === "done" && rec.sent_ms != null) status = `done, ${(rec.sent_ms / 1000).toFixed(2)} s`;
-  if (rec.status === "cancelled") {
-    status = rec.reason === "barge_in" ? "cancelled by barge-in" : "cancelled";
-    if (rec.played_ms != null) status += ` after ${(rec.played_ms / 1000).toFixed(2)} s`;
-  }
-  li.textContent = `${rec.turn_id} · ${rec.voice ?? "?"} · ${ttfa} · ${status}`;
-  ui.turns.scrollTop = ui.turns.scrollHeight;
+  li.dataset.status = rec.status;
+  li.querySelector(".num").textContent = String(rec.seq ?? rec.turn ?? "");
+  li.querySelector(".said").textContent = rec.text || "(streamed text)";
+  const meta = [statusText(rec), rec.voice, ttfaText(rec)].filter(Boolean);
+  li.querySelector(".meta").textContent = meta.join(" · ");
   if (rec.turn_id === page.lastTurnId && rec.ttfa_ms !== null) {
-    ui.ttfa.textContent = `${rec.ttfa_ms} ms${rec.ttfaEstimated ? " (est.)" : ""} (${rec.turn_id})`;
+    const est = rec.ttfaEstimated ? " (estimated)" : "";
+    const from = rec.ttfa_from === "previous" ? "after the reply before it finished" : "after its text was sent";
+    ui.ttfa.textContent = `${rec.ttfa_ms} ms${est} (${rec.turn_id}, ${from})`;
   }
+}
+
+const BOT_WORDS = {
+  connecting: () => (page.everConnected ? "Reconnecting…" : "Connecting…"),
+  offline: () => "Offline",
+  listening: () => (page.hearing ? "Listening: hearing you" : "Listening"),
+  thinking: () => "Thinking…",
+  speaking: () => (page.ducked ? "Speaking (quieter while you talk)" : "Speaking"),
+  interrupted: () => (page.interrupted.by === "barge_in" ? "Interrupted: you spoke" : "Interrupted: stopped"),
+};
+
+function botState(now, playing) {
+  if (!ready()) return page.connection === "stopped" ? "offline" : "connecting";
+  const live = anyLive();
+  if (playing) {
+    page.speakingUntil = now + 300; // bridges a short gap in the audio
+    return "speaking";
+  }
+  if (live && now < page.speakingUntil) return "speaking";
+  if (now < page.interrupted.until) return "interrupted";
+  if (live) return "thinking";
+  return "listening";
+}
+
+function renderBotState(now, playing) {
+  const state = botState(now, playing);
+  const words = BOT_WORDS[state]();
+  page.botState = state;
+  if (ui.botState.dataset.state !== state) ui.botState.dataset.state = state;
+  if (ui.botStateText.textContent !== words) ui.botStateText.textContent = words;
+}
+
+function renderCaptions(playing) {
+  let rec = playing ? recordOf(playing.turn) : null;
+  if (rec) {
+    page.captionTurn = rec.turn_id;
+    captions.show(rec.turn_id, playing.offsetMs, false);
+    return;
+  }
+  rec = page.captionTurn ? page.turns.get(page.captionTurn) : null;
+  if (!rec) return;
+  if (rec.status === "done") captions.show(rec.turn_id, Infinity, false);
+  else if (rec.status === "cancelled" || rec.status === "failed" || rec.status === "ended") {
+    captions.show(rec.turn_id, rec.played_ms ?? captions.position ?? 0, true);
+  }
+  // still live but not heard this instant (a gap in the audio): leave it as it is
 }
 
 const scratch = new Float32Array(1024);
@@ -520,7 +996,7 @@ function scaled(x) {
   return x <= 1e-6 ? 0 : Math.max(0, Math.min(1, 1 + (20 * Math.log10(x)) / 60));
 }
 
-let lastPrune = 0;
+let lastSlow = 0;
 function tick(now) {
   const p = clock.at(now);
   page.playing = p;
@@ -532,14 +1008,26 @@ function tick(now) {
   meter(ui.mouthMeter, page.mouthOpen);
   meter(ui.outputMeter, scaled(page.outputLevel));
   meter(ui.micMeter, scaled(page.micLevel));
-  if (now - lastPrune > 1000) {
-    clock.prune(now);
-    lastPrune = now;
+  renderCaptions(p);
+  renderBotState(now, p);
+  if (now - lastSlow > 250) {
+    lastSlow = now;
+    renderControls();
+    renderRetryMessage();
+    if (now - (tick.pruned || 0) > 1000) {
+      clock.prune(now);
+      tick.pruned = now;
+    }
     ui.buffered.textContent =
-      page.bufferedMs === null ? "–" : `${Math.round(page.bufferedMs)} ms${t && t.name === "WebRTC" ? " (jitter buffer)" : ""}`;
+      page.bufferedMs === null
+        ? "–"
+        : `${Math.round(page.bufferedMs)} ms${t && t.name === "WebRTC" ? " (held by the browser before it plays)" : ""}`;
     ui.lipsync.textContent = page.levelEvents
-      ? `${page.levelEvents} audio.levels events` + (page.syncEvents ? `, ${page.syncEvents} audio.sync` : "")
-      : "no audio.levels from the server yet";
+      ? `${page.levelEvents} loudness updates` + (page.syncEvents ? `, ${page.syncEvents} timing marks` : "")
+      : "none yet";
+    const fallback = page.fallback ? ` (WebRTC could not connect: ${page.fallback})` : "";
+    const again = page.reconnects ? `, reconnected ${page.reconnects}×` : "";
+    ui.connDetail.textContent = `${t ? t.name : "–"}${fallback}, ${page.connection}${again}`;
   }
   if (p) {
     const id = page.byNum.get(p.turn) ?? `turn ${p.turn}`;
@@ -554,13 +1042,16 @@ function tick(now) {
 
 function publicTurn(rec) {
   if (!rec) return null;
-  const { turn_id, turn, voice, status, ttfa_ms, ttfaEstimated, reason, played_ms, played_source, sent_ms } = rec;
+  const { turn_id, turn, voice, status, text, ttfa_ms, ttfa_from, ttfaEstimated, reason, played_ms, played_source, sent_ms } =
+    rec;
   return {
     turn_id,
     turn,
     voice,
     status,
+    text,
     ttfa_ms,
+    ttfa_from,
     ttfa_estimated: !!ttfaEstimated,
     reason,
     played_ms,
@@ -576,13 +1067,29 @@ window.voiceagentDemo = Object.freeze({
     return JSON.parse(
       JSON.stringify({
         transport: t ? t.name : null,
+        preferred: page.preferred,
         fallback: page.fallback,
         connection: page.connection,
+        connectionMessage: page.connMessage ? page.connMessage.text : null,
         sessionStarted: page.session !== null,
+        reconnects: page.reconnects,
+        retryInMs: page.retryAt === null ? null : Math.max(0, Math.round(page.retryAt - performance.now())),
+        botState: page.botState,
+        caption: captions.snapshot(),
         voices: page.voices,
         voice: page.voice,
         mic: page.mic,
+        micWanted: page.micWanted,
         bargeMode: ui.bargeMode.value,
+        devices: {
+          mics: devices.list.mics,
+          speakers: devices.list.speakers,
+          micDevice: page.micDevice,
+          micInUse: t && t.micDeviceId ? t.micDeviceId() : null,
+          speaker: page.speakerWanted,
+          speakerInUse: page.speakerInUse,
+          speakerSupported: t ? t.constructor.canPickSpeaker() : null,
+        },
         model: page.session ? page.session.model : null,
         limits: page.session ? page.session.limits : null,
         randomWeightsNotice: !ui.modelNotice.hidden,
@@ -599,7 +1106,9 @@ window.voiceagentDemo = Object.freeze({
         levelEvents: page.levelEvents,
         syncEvents: page.syncEvents,
         errors: page.errors,
+        log: page.log,
         barge: page.barge,
+        announcements: page.announcements,
       }),
     );
   },
@@ -611,20 +1120,39 @@ ui.form.addEventListener("submit", (e) => {
   e.preventDefault();
   speak();
 });
-ui.cancel.addEventListener("click", cancelAll);
-ui.mic.addEventListener("click", toggleMic);
+ui.text.addEventListener("keydown", (e) => {
+  // Enter speaks, Shift+Enter is a new line (Ctrl/Cmd+Enter speaks too); not while an
+  // input method is composing a character
+  if (e.key !== "Enter" || e.shiftKey || e.isComposing || e.altKey) return;
+  e.preventDefault();
+  speak();
+});
+document.addEventListener("keydown", (e) => {
+  if (e.key !== "Escape" || e.defaultPrevented) return;
+  if (cancelAll()) e.preventDefault();
+});
+ui.cancel.addEventListener("click", () => {
+  if (!cancelAll()) announce("Nothing to stop.");
+});
+ui.mic.addEventListener("click", () => toggleMic());
 ui.voice.addEventListener("change", () => {
   page.voice = ui.voice.value;
-  if (page.transport) page.transport.send({ type: "session.update", voice: page.voice });
+  if (ready()) page.transport.send({ type: "session.update", voice: page.voice });
 });
 ui.bargeMode.addEventListener("change", () => {
   // only while the microphone is on: with it off, barge-in is off
-  if (page.mic && page.transport) {
+  if (page.mic && ready()) {
     page.transport.send({ type: "session.update", barge_in: { mode: ui.bargeMode.value } });
   }
 });
 ui.transportSelect.addEventListener("change", () => chooseTransport(ui.transportSelect.value));
-ui.reconnect.addEventListener("click", () => chooseTransport(ui.transportSelect.value));
+ui.reconnect.addEventListener("click", () => {
+  backoff.reset();
+  reconnectNow();
+});
+window.addEventListener("online", () => {
+  if (page.connection === "reconnecting") reconnectNow();
+});
 // Browsers start audio only after a user gesture: resume on the first one.
 document.addEventListener("pointerdown", () => page.transport && page.transport.resume());
 document.addEventListener("keydown", () => page.transport && page.transport.resume());
@@ -638,8 +1166,9 @@ if (!window.isSecureContext) {
 }
 
 const wanted = new URLSearchParams(location.search).get("transport");
-const kind = wanted === "ws" || wanted === "websocket" ? "ws" : "webrtc";
-ui.transportSelect.value = kind;
+page.preferred = wanted === "ws" || wanted === "websocket" ? "ws" : "webrtc";
+ui.transportSelect.value = page.preferred;
 renderMic();
-connect(kind, kind === "webrtc");
+devices.refresh();
+connect(page.preferred, page.preferred === "webrtc");
 requestAnimationFrame(tick);
