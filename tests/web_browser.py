@@ -110,6 +110,12 @@ START_SAMPLER = """() => {
 STOP_SAMPLER = """() => { cancelAnimationFrame(window.__sampler); return window.__samples; }"""
 
 
+def open_settings(page: Any) -> None:
+    """Open the page's Settings disclosure (voice pieces, barge-in mode, devices...)."""
+    if not page.evaluate("document.querySelector('#settings').open"):
+        page.click("#settings summary")
+
+
 def speak(page: Any, text: str) -> int:
     """Type `text` and press Speak; return the new turn's index in `state().turns`."""
     index = len(state(page)["turns"])
