@@ -10,28 +10,24 @@ means decoded, non-silent audio reached the output, not just that frames arrived
 from __future__ import annotations
 
 import itertools
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, sync_playwright
 from web_browser import (
+    AUDIBLE,
+    HAS_ESPEAK,
     START_SAMPLER,
     STOP_SAMPLER,
+    Demo,
+    audible,
     chromium_path,
-    launch,
     open_demo,
     open_settings,
-    render_mic_wav,
     speak,
-    state,
     wait_turn,
 )
-
-from voiceagent.server.background import BackgroundServer
 
 pytestmark = pytest.mark.skipif(
     chromium_path() is None, reason="chromium is not installed (apt-get install chromium)"
@@ -39,65 +35,6 @@ pytestmark = pytest.mark.skipif(
 
 SHORT = "Hello there, how are you today?"
 LONG = "Let me read the whole list of terms and conditions to you, one by one. " * 4
-AUDIBLE = 0.005  # analyser RMS; digital silence reads 0, the tiny model's noise ~0.05
-HAS_ESPEAK = shutil.which("espeak-ng") is not None
-
-
-@pytest.fixture(scope="module")
-def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
-    if not HAS_ESPEAK:
-        return None
-    return render_mic_wav(tmp_path_factory.mktemp("mic") / "mic.wav")
-
-
-@pytest.fixture(scope="module")
-def browser(mic_wav: Path | None) -> Iterator[Any]:
-    with sync_playwright() as p:
-        b = launch(p, mic_wav)
-        yield b
-        b.close()
-
-
-class Demo:
-    """One page in a fresh browser context, with the page's uncaught errors collected."""
-
-    def __init__(self, page: Page, server: BackgroundServer) -> None:
-        self.page = page
-        self.server = server
-        self.page_errors: list[str] = []
-        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
-
-    def open(self, transport: str | None = None) -> dict[str, Any]:
-        open_demo(self.page, self.server.http, transport)
-        return state(self.page)
-
-    def state(self) -> dict[str, Any]:
-        return state(self.page)
-
-    def speak_sampled(
-        self, text: str, until: tuple[str, ...] = ("done",)
-    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Speak `text`, sample the page on every animation frame until the turn ends and
-        1 s more has passed; return (turn, samples)."""
-        self.page.evaluate(START_SAMPLER)
-        index = speak(self.page, text)
-        turn = wait_turn(self.page, index, until)
-        self.page.wait_for_timeout(1000)
-        samples = self.page.evaluate(STOP_SAMPLER)
-        return turn, samples
-
-
-@pytest.fixture
-def demo(browser: Any, server: BackgroundServer) -> Iterator[Demo]:
-    context = browser.new_context()
-    d = Demo(context.new_page(), server)
-    yield d
-    context.close()
-    assert not d.page_errors, f"uncaught errors in the page: {d.page_errors}"
-
-
-def audible(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [s for s in samples if s["out"] > AUDIBLE]
 
 
 # -- connecting and speaking -------------------------------------------------------------
