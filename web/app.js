@@ -738,6 +738,7 @@ async function speak() {
   rec.seq = page.nextTurn;
   rec.sentAt = performance.now();
   rec.text = text;
+  captions.expect(id, text);
   page.lastTurnId = id;
   renderTurn(rec);
   renderControls();
@@ -1061,6 +1062,22 @@ function publicTurn(rec) {
 }
 
 window.voiceagentDemo = Object.freeze({
+  /** A small snapshot, cheap enough to take on every animation frame. */
+  sample() {
+    const p = page.playing;
+    const now = captions.box.querySelector(".now");
+    return {
+      mouthOpen: page.mouthOpen,
+      outputLevel: page.outputLevel,
+      playing: p ? { turn: p.turn, offsetMs: p.offsetMs } : null,
+      botState: page.botState,
+      botText: ui.botStateText.textContent,
+      connection: page.connection,
+      connectionText: ui.connection.textContent,
+      caption: { turn_id: captions.shown, marked: now ? captions.spans.indexOf(now) : -1, word: now ? now.textContent : null },
+    };
+  },
+
   /** A JSON snapshot of what the page shows; changing it changes nothing. */
   state() {
     const t = page.transport;

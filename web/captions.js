@@ -2,14 +2,19 @@
 // marked. The words and their times come from `turn.words` events (ms on the turn's audio
 // timeline, the same timeline as audio.levels); the position heard now comes from the
 // LevelClock, so the mark follows the audio as the listener hears it on both transports.
+// A segment's words come once its speech tokens are known: for the first segment of a
+// turn that can be a little after its first audio is heard (docs/protocol.md). Until then
+// the text the page sent is shown unmarked, and the words not timed yet stay unmarked.
 
 const PLACEHOLDER = "What the avatar says appears here as it says it.";
 
 export class Captions {
   constructor(box) {
     this.box = box;
-    this.turns = new Map(); // turn_id -> {words: [{word, start, end}], spans: []}
+    this.turns = new Map(); // turn_id -> {words: [{word, start, end}], segments: [...]}
+    this.texts = new Map(); // turn_id -> the text the page sent for it
     this.shown = null; // turn_id on screen
+    this.spans = []; // one per timed word of the turn on screen
     this.index = -1; // word marked now (-1: none yet)
     this.position = null;
     this.ended = false;
@@ -21,17 +26,23 @@ export class Captions {
     this.box.textContent = PLACEHOLDER;
   }
 
+  /** The text the page sent for a turn: shown, unmarked, until its words come. */
+  expect(turnId, text) {
+    this.texts.set(turnId, text);
+  }
+
   /** A `turn.words` event: one more segment of a turn's words. */
   add(turnId, event) {
     let t = this.turns.get(turnId);
     if (!t) {
-      t = { words: [] };
+      t = { words: [], segments: [] };
       this.turns.set(turnId, t);
     }
     const words = Array.isArray(event.words) ? event.words : [];
     const added = words.map((w) => ({ word: String(w.word), start: Number(w.start_ms), end: Number(w.end_ms) }));
     t.words.push(...added);
     t.words.sort((a, b) => a.start - b.start);
+    t.segments.push({ start_ms: event.start_ms, end_ms: event.end_ms, at: Math.round(performance.now()) });
     if (this.shown === turnId) this.render(turnId, true);
   }
 
@@ -48,23 +59,35 @@ export class Captions {
     this.placeholder();
   }
 
+  /** The words of the sent text that no turn.words event has timed yet (when the timed
+   *  words are the text's first ones, as in languages written with spaces). */
+  untimed(turnId, timed) {
+    const words = (this.texts.get(turnId) || "").split(/\s+/).filter(Boolean);
+    for (let i = 0; i < timed.length; i++) if (words[i] !== timed[i].word) return [];
+    return words.slice(timed.length);
+  }
+
   render(turnId, force = false) {
     if (this.shown === turnId && !force) return;
-    const t = this.turns.get(turnId);
+    const t = this.turns.get(turnId) || { words: [], segments: [] };
+    if (this.shown !== turnId) {
+      this.index = -1;
+      this.box.scrollTop = 0;
+    }
     this.shown = turnId;
-    this.index = -1;
     this.box.classList.remove("empty");
     this.box.replaceChildren();
-    this.box.scrollTop = 0;
-    if (!t) return;
-    t.words.forEach((w, i) => {
-      if (i > 0) this.box.append(" ");
+    const add = (word, cls) => {
+      if (this.box.childNodes.length) this.box.append(" ");
       const span = document.createElement("span");
-      span.textContent = w.word;
-      span.className = "ahead";
+      span.textContent = word;
+      span.className = cls;
       this.box.append(span);
-    });
+    };
+    for (const w of t.words) add(w.word, "ahead");
     this.spans = [...this.box.querySelectorAll("span")];
+    for (const w of this.untimed(turnId, t.words)) add(w, "ahead untimed");
+    if (this.index >= 0) this.show(turnId, this.position ?? 0, this.ended);
   }
 
   /** Show `turnId` heard up to `positionMs` (Infinity: all of it; `ended`: it will not
@@ -86,6 +109,8 @@ export class Captions {
       const span = this.spans[i];
       if (span && span.className !== cls) span.className = cls;
     });
+    // a turn heard to its end: words never timed (text the server did not speak) read as said
+    if (positionMs === Infinity) for (const span of this.box.querySelectorAll(".untimed")) span.className = "said";
     if (k !== this.index && k >= 0) this.follow(this.spans[k]);
     this.index = k;
     return marked;
@@ -114,6 +139,7 @@ export class Captions {
       position_ms: Number.isFinite(this.position) ? Math.round(this.position) : null,
       ended: this.ended,
       words: t ? t.words.map((w) => [w.word, w.start, w.end]) : [],
+      segments: t ? t.segments : [], // when each turn.words event arrived (performance.now())
     };
   }
 }
