@@ -324,6 +324,10 @@ async function connect(kind, allowFallback) {
     if (gen !== page.generation) return;
     clearTimeout(page.timers.hint);
     logLine(`${t.name} did not connect: ${err.message}`);
+    // A server that went away between answering the offer and the audio path opening
+    // looks like a blocked path: only give WebRTC up while the server is there.
+    if (err.kind === "path" && !(await reachable())) err.kind = "unreachable";
+    if (gen !== page.generation) return;
     if (kind === "webrtc" && allowFallback && (err.kind === "path" || err.kind === "unsupported")) {
       page.fallback = err.message;
       logLine("using the WebSocket instead of WebRTC");
@@ -353,6 +357,20 @@ async function connect(kind, allowFallback) {
     }),
     SESSION_TIMEOUT_MS,
   );
+}
+
+/** Whether the server answers at all (its liveness probe, which needs no credential). */
+async function reachable() {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), 3000);
+  try {
+    const r = await fetch("/healthz", { cache: "no-store", signal: abort.signal });
+    return r.status < 500;
+  } catch {
+    return false;
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 function scheduleRetry(text) {

@@ -14,6 +14,7 @@ import { micConstraints } from "./devices.js";
 
 const FALLBACK_JITTER_MS = 60;
 const OPEN_TIMEOUT_MS = 10000;
+const OFFER_TIMEOUT_MS = 10000;
 const RETRY_CODES = new Set(["server_draining", "too_many_sessions", "quota_exceeded", "rate_limited"]);
 
 function waitFor(predicate, target, eventName, timeoutMs, what) {
@@ -127,14 +128,19 @@ export class RtcTransport {
     const token = new URLSearchParams(location.search).get("token"); // auth on: docs/security.md
     if (token) headers.authorization = `Bearer ${token}`;
     let response;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), OFFER_TIMEOUT_MS);
     try {
       response = await fetch("/v1/webrtc/offer", {
         method: "POST",
         headers,
         body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
+        signal: abort.signal,
       });
     } catch (err) {
       throw new ConnectError("unreachable", `the offer could not be sent (${err.message})`);
+    } finally {
+      clearTimeout(timer);
     }
     let answer = null;
     try {
