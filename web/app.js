@@ -232,8 +232,8 @@ function setConnection(state) {
   const words = {
     connecting: page.everConnected ? "Reconnecting…" : "Connecting…",
     connected: "Connected",
-    reconnecting: "Offline, reconnecting",
-    stopped: "Offline",
+    reconnecting: "Offline",
+    stopped: "Disconnected",
   };
   ui.connection.textContent = words[state];
   ui.reconnect.hidden = !["reconnecting", "stopped"].includes(state);
@@ -327,6 +327,11 @@ async function connect(kind, allowFallback) {
     // A server that went away between answering the offer and the audio path opening
     // looks like a blocked path: only give WebRTC up while the server is there.
     if (err.kind === "path" && !(await reachable())) err.kind = "unreachable";
+    // A browser does not say why a WebSocket did not open. If the server answers HTTP,
+    // it turned this page down (an expired token in the link is the usual reason).
+    if (err.kind === "unreachable" && kind === "ws" && (await reachable())) {
+      err.kind = new URLSearchParams(location.search).get("token") ? "denied" : "refused";
+    }
     if (gen !== page.generation) return;
     if (kind === "webrtc" && allowFallback && (err.kind === "path" || err.kind === "unsupported")) {
       page.fallback = err.message;
