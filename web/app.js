@@ -416,6 +416,7 @@ function onLost(info) {
   const wasUp = page.session !== null;
   const t = page.transport;
   clearTimers();
+  stopStreaming();
   endLiveTurns(); // before the transport goes: what was heard of each is still known
   page.session = null;
   page.mic = false;
