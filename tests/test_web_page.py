@@ -176,7 +176,11 @@ def test_cancel_silences_the_turn_and_closes_the_mouth(demo: Demo, transport: st
         "'click', () => { window.__cancelAt = performance.now(); })"
     )
     demo.page.click("#cancel")
-    turn = wait_turn(demo.page, index, ("cancelled",))
+    wait_turn(demo.page, index, ("cancelled",))  # at once: the page marks it stopped
+    demo.page.wait_for_function(  # the server's turn.cancelled confirms it
+        "(i) => window.voiceagentDemo.state().turns[i].played_source", arg=index
+    )
+    turn = demo.state()["turns"][index]
     demo.page.wait_for_timeout(800)
     samples = demo.page.evaluate(STOP_SAMPLER)
     t_cancel = demo.page.evaluate("window.__cancelAt")

@@ -164,12 +164,13 @@ def test_the_bot_state_says_what_the_avatar_is_doing(demo: Demo) -> None:
     # Stopped while it speaks: "interrupted" for a moment, then listening again.
     index = speak(demo.page, LONG)
     demo.page.wait_for_function("() => window.voiceagentDemo.state().botState === 'speaking'")
+    demo.page.evaluate(SAMPLER)
     demo.page.click("#cancel")
-    demo.page.wait_for_function(
-        "() => window.voiceagentDemo.state().botState === 'interrupted'", timeout=2000
-    )
-    assert bot.inner_text().strip() == "Interrupted: stopped"
     demo.page.wait_for_function(RESTING, timeout=5000)
+    samples = demo.page.evaluate(STOP_SAMPLER)
+    assert runs([x["botText"] for x in samples])[-2:] == ["Interrupted: stopped", "Listening"]
+    shown = [x["t"] for x in samples if x["bot"] == "interrupted"]
+    assert 1500 < shown[-1] - shown[0] < 2500  # for about 2 s
     assert demo.state()["turns"][index]["status"] == "cancelled"
 
 

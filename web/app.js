@@ -665,12 +665,13 @@ setInterval(reportPlayback, 250);
 /** Stop showing and playing these turns at once (cancel, barge-in, failure). */
 function silence(nums) {
   const now = performance.now();
+  const audible = nums.some((n) => clock.anchored(n));
   for (const n of nums) {
     // where each turn stopped: the playback report that answers audio.clear
     if (!page.stoppedAt.has(n)) page.stoppedAt.set(n, clock.playedMs(n, now));
     clock.drop(n);
   }
-  if (page.transport) page.transport.flushTurns(nums);
+  if (page.transport) page.transport.flushTurns(nums, audible);
 }
 
 /** Every turn still live belongs to a connection that is gone: it ends here. */
@@ -795,7 +796,8 @@ function cancelAll() {
   if (!live.length && !streaming) return false;
   if (t && ready()) t.send({ type: "cancel" });
   const now = performance.now();
-  const heard = live.some((r) => r.turn !== null && clock.playedMs(r.turn, now) > 0);
+  // the avatar was cut off if any of these had started to be heard
+  const heard = live.some((r) => r.turn !== null && (r.ttfa_ms !== null || clock.playedMs(r.turn, now) > 0));
   silence(live.filter((r) => r.turn !== null).map((r) => r.turn));
   for (const r of live) {
     Object.assign(r, {

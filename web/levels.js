@@ -51,6 +51,12 @@ export class LevelClock {
     if (this.turns.has(turn)) this.turns.get(turn).endMs = sentMs;
   }
 
+  /** Whether any of the turn's audio has been anchored (it left the server, or plays). */
+  anchored(turn) {
+    const t = this.turns.get(turn);
+    return !!t && (t.anchors.length > 0 || t.lastAt > -Infinity);
+  }
+
   /** A cancelled turn: its pending levels and anchors are dropped at once. */
   drop(turn) {
     this.turns.delete(turn);

@@ -80,6 +80,8 @@ export class RtcTransport {
     this.lastStats = null;
     this.statsTimer = null;
     this.unmuteTimer = null;
+    this.holdMute = false; // muted since a cancel, until the next turn's audio is heard
+    this.cancelled = new Set(); // turns silenced: their late audio.sync unmutes nothing
     this.outGain = null; // mirrors the element's mute for the analyser
     this.closed = false;
     this.live = false; // connect() finished: losses go to hooks.onLost
@@ -195,7 +197,8 @@ export class RtcTransport {
     if (event.type === "audio.sync") {
       // This frame left the server's track now; it is heard after the jitter buffer.
       const at = performance.now() + this.delayMs();
-      if (this.unmuteTimer !== null) this.unmuteAt(at); // a new turn: heard unmuted
+      // a new turn after a cancel: heard unmuted
+      if (this.holdMute && !this.cancelled.has(event.turn)) this.unmuteAt(at);
       this.hooks.onAnchor(event.turn, event.offset_ms, at, Infinity);
     }
     this.hooks.onEvent(event);
@@ -262,12 +265,19 @@ export class RtcTransport {
     return this.mic ? this.mic.track.getSettings().deviceId ?? null : null;
   }
 
-  flushTurns() {
+  /** Silence these turns at once. `audible`: some of their audio has left the server's
+   *  track (nothing to silence otherwise). */
+  flushTurns(turns, audible = true) {
     // The server drops the turn's queued frames from its track, but the jitter buffer
-    // still holds its tail (under load it grows past a second): mute the output until that
-    // has played out, so a cancel or barge-in is silent at once.
+    // still holds its tail (under load it grows past a second, more than the measured
+    // delay): mute the output until the next turn's first audio is heard (its audio.sync
+    // says when), so a cancel or barge-in is silent at once whatever the buffer holds.
+    for (const t of turns) this.cancelled.add(t);
+    if (!audible) return;
     this.setMuted(true);
-    this.unmuteAt(performance.now() + this.delayMs() + 20);
+    this.holdMute = true;
+    clearTimeout(this.unmuteTimer);
+    this.unmuteTimer = null;
   }
 
   setMuted(muted) {
@@ -279,6 +289,7 @@ export class RtcTransport {
     clearTimeout(this.unmuteTimer);
     this.unmuteTimer = setTimeout(() => {
       this.unmuteTimer = null;
+      this.holdMute = false;
       this.setMuted(false);
     }, Math.max(0, at - performance.now()));
   }
