@@ -148,13 +148,13 @@ def test_the_bot_state_says_what_the_avatar_is_doing(demo: Demo) -> None:
     wait_turn(demo.page, index, ("done",))
     demo.page.wait_for_function(RESTING, timeout=10000)
     samples = demo.page.evaluate(STOP_SAMPLER)
-    assert runs([x["bot"] for x in samples]) == ["listening", "thinking", "speaking", "listening"]
-    assert runs([x["botText"] for x in samples]) == [
-        "Listening",
-        "Thinking…",
-        "Speaking",
-        "Listening",
-    ]
+    states = runs([x["bot"] for x in samples])
+    # (a busy machine may starve the audio for a moment mid-sentence: thinking again)
+    assert states[:3] == ["listening", "thinking", "speaking"], states
+    assert states[-2:] == ["speaking", "listening"], states
+    assert set(states[3:-2]) <= {"thinking", "speaking"}, states
+    words = {"listening": "Listening", "thinking": "Thinking…", "speaking": "Speaking"}
+    assert all(x["botText"] == words[x["bot"]] for x in samples)
     # "speaking" is when the audio is heard, not when it arrives
     loud = audible(samples)
     speaking = [x for x in samples if x["bot"] == "speaking"]
@@ -164,13 +164,21 @@ def test_the_bot_state_says_what_the_avatar_is_doing(demo: Demo) -> None:
     # Stopped while it speaks: "interrupted" for a moment, then listening again.
     index = speak(demo.page, LONG)
     demo.page.wait_for_function("() => window.voiceagentDemo.state().botState === 'speaking'")
-    demo.page.evaluate(SAMPLER)
+    # every text the state shows, as it changes (not sampled: a busy machine may skip
+    # animation frames, not DOM changes)
+    demo.page.evaluate(
+        "() => { window.__bot = []; const el = document.querySelector('#bot-state-text');"
+        " new MutationObserver(() => window.__bot.push([performance.now(), el.textContent]))"
+        ".observe(el, {childList: true, characterData: true, subtree: true}); }"
+    )
     demo.page.click("#cancel")
     demo.page.wait_for_function(RESTING, timeout=5000)
-    samples = demo.page.evaluate(STOP_SAMPLER)
-    assert runs([x["botText"] for x in samples])[-2:] == ["Interrupted: stopped", "Listening"]
-    shown = [x["t"] for x in samples if x["bot"] == "interrupted"]
-    assert 1500 < shown[-1] - shown[0] < 2500  # for about 2 s
+    changes = demo.page.evaluate("window.__bot")
+    texts = runs([text for _, text in changes])
+    assert texts[-2:] == ["Interrupted: stopped", "Listening"], texts
+    start = next(t for t, text in changes if text == "Interrupted: stopped")
+    end = next(t for t, text in changes if t > start and text != "Interrupted: stopped")
+    assert 1900 < end - start < 3500, end - start  # for about 2 s
     assert demo.state()["turns"][index]["status"] == "cancelled"
 
 

@@ -643,7 +643,10 @@ function onCancelled(e) {
 
 /** The bot was cut off while it spoke: the face says so for a moment. */
 function interrupt(by) {
-  page.interrupted = { until: performance.now() + INTERRUPTED_MS, by };
+  const now = performance.now();
+  page.interrupted = { until: now + INTERRUPTED_MS, by };
+  page.speakingUntil = 0;
+  renderBotState(now, null); // at once, not at the next animation frame
   if (by === "barge_in") {
     announce("You interrupted the avatar.", "alert");
     addNote("You spoke: the avatar stopped.");
