@@ -9,6 +9,8 @@ import { Captions } from "./captions.js";
 import { Backoff, failureText, lostText, queryMs } from "./connection.js";
 import { DevicePickers } from "./devices.js";
 import { LevelClock } from "./levels.js";
+import { Messages } from "./messages.js";
+import { Transcript } from "./transcript.js";
 import { RtcTransport } from "./transport-webrtc.js";
 import { WsTransport } from "./transport-ws.js";
 
@@ -52,7 +54,6 @@ const ICE_HINT_MS = queryMs("ice_hint_ms", 3000);
 const ICE_HINT =
   "Still connecting… a firewall may be blocking the audio path; the page will switch to WebSocket if it does not get through.";
 const INTERRUPTED_MS = 2000;
-const MAX_ERRORS_SHOWN = 3;
 
 const ui = {
   link: $("link"),
@@ -97,6 +98,17 @@ const avatar = new Avatar($("avatar"));
 const captions = new Captions($("caption"));
 const backoff = new Backoff(queryMs("retry_ms", 500), queryMs("retry_max_ms", 4000));
 const devices = new DevicePickers($("mic-device"), $("speaker-device"), $("speaker-note"), onDevicePicked);
+const transcript = new Transcript(ui.turns);
+const messages = new Messages(ui, () => ui.text.focus());
+const announce = (text, kind) => messages.announce(text, kind);
+const logLine = (text) => messages.line(text);
+const addError = (text, serverMessage, code) => messages.error(text, serverMessage, code);
+const addNote = (text) => transcript.note(text);
+
+function setConnMessage(text, tone = "warn") {
+  messages.setConn(text, tone);
+  ui.reconnect.hidden = !["reconnecting", "stopped"].includes(page.connection);
+}
 
 const page = {
   transport: null,
@@ -111,7 +123,6 @@ const page = {
   retryAt: null,
   refusal: null, // error code sent just before a refused connection closed
   timers: { retry: null, session: null, hint: null },
-  connMessage: null, // {text, tone}
   lastClose: null,
   voices: [],
   voice: null,
@@ -132,10 +143,7 @@ const page = {
   sent: [], // recent messages sent: {type, t (performance.now())}
   levelEvents: 0,
   syncEvents: 0,
-  errors: [], // shown now (cleared when the page reconnects)
-  log: [], // everything that went wrong or changed, with codes
   barge: [],
-  announcements: [],
   botState: "connecting",
   speakingUntil: 0,
   interrupted: { until: 0, by: null },
@@ -148,74 +156,6 @@ const page = {
   playing: null,
   streamTimer: null,
 };
-
-// -- announcements and messages ------------------------------------------------------------
-
-/** Say `text` to screen readers: "alert" interrupts (errors, barge-ins), "status" waits. */
-function announce(text, kind = "status") {
-  page.announcements.push({ kind, text, t: Math.round(performance.now()) });
-  if (page.announcements.length > 50) page.announcements.shift();
-  const region = kind === "alert" ? ui.alert : ui.status;
-  // cleared first, so the same words said twice are announced twice
-  region.textContent = "";
-  setTimeout(() => {
-    region.textContent = text;
-  }, 50);
-}
-
-function logLine(text) {
-  const at = new Date().toLocaleTimeString();
-  page.log.push({ at, text });
-  if (page.log.length > MAX_EVENTS) page.log.shift();
-  const li = document.createElement("li");
-  li.textContent = `${at} ${text}`;
-  ui.log.append(li);
-  while (ui.log.children.length > 100) ui.log.firstElementChild.remove();
-  ui.log.scrollTop = ui.log.scrollHeight;
-}
-
-function setConnMessage(text, tone = "warn") {
-  page.connMessage = text ? { text, tone } : null;
-  ui.connMessage.hidden = !text;
-  ui.connMessage.dataset.tone = tone;
-  ui.connMessageText.textContent = text || "";
-  ui.reconnect.hidden = !["reconnecting", "stopped"].includes(page.connection);
-}
-
-function addError(text, serverMessage = null, code = null) {
-  const error = { code, text, message: serverMessage };
-  page.errors.push(error);
-  logLine(`error${code ? ` ${code}` : ""}: ${text}${serverMessage ? ` (server: ${serverMessage})` : ""}`);
-  const li = document.createElement("li");
-  li.className = "message error";
-  const words = document.createElement("span");
-  words.textContent = text;
-  if (serverMessage) {
-    const small = document.createElement("small");
-    small.textContent = `server: ${serverMessage}`;
-    words.append(small);
-  }
-  const dismiss = document.createElement("button");
-  dismiss.type = "button";
-  dismiss.className = "dismiss";
-  dismiss.textContent = "×";
-  dismiss.setAttribute("aria-label", "Dismiss this message");
-  dismiss.addEventListener("click", () => {
-    const i = page.errors.indexOf(error);
-    if (i >= 0) page.errors.splice(i, 1);
-    li.remove();
-    ui.text.focus(); // the button that had focus is gone
-  });
-  li.append(words, dismiss);
-  ui.errors.append(li);
-  while (ui.errors.children.length > MAX_ERRORS_SHOWN) ui.errors.firstElementChild.remove();
-  announce(text, "alert");
-}
-
-function clearErrors() {
-  page.errors = [];
-  ui.errors.replaceChildren();
-}
 
 // -- connection ---------------------------------------------------------------------------
 
@@ -391,7 +331,7 @@ function renderRetryMessage() {
   if (page.connection !== "reconnecting" || page.retryAt === null) return;
   const s = Math.max(1, Math.ceil((page.retryAt - performance.now()) / 1000));
   const text = `${page.lostText} Reconnecting in ${s} s…`;
-  if (!page.connMessage || page.connMessage.text !== text) setConnMessage(text);
+  if (!messages.conn || messages.conn.text !== text) setConnMessage(text);
 }
 
 function stopConnecting(text) {
@@ -584,7 +524,7 @@ function onSessionCreated(e) {
   backoff.reset();
   page.lostText = null;
   page.retryAt = null;
-  clearErrors();
+  messages.clearErrors();
   setConnMessage(null);
   setConnection("connected");
   logLine(`session ${e.session_id} started over ${page.transport.name}`);
@@ -744,7 +684,7 @@ function notReady() {
       ? "Not connected. Press Reconnect now."
       : "Not connected yet: the page is connecting to the server.";
   announce(why, "alert");
-  if (!page.connMessage) setConnMessage(why);
+  if (!messages.conn) setConnMessage(why);
 }
 
 async function speak() {
@@ -882,78 +822,14 @@ function addBarge(text) {
   ui.barge.scrollTop = ui.barge.scrollHeight;
 }
 
-/** A line in the transcript that is not a reply: a barge-in, a reconnect. */
-function addNote(text) {
-  const li = document.createElement("li");
-  li.className = "note";
-  li.textContent = text;
-  ui.turns.append(li);
-  ui.turns.scrollTop = ui.turns.scrollHeight;
-}
-
 function renderMic() {
   ui.mic.setAttribute("aria-pressed", String(page.mic));
   ui.mic.textContent = page.mic ? "Mic on" : "Mic off";
   ui.mic.title = page.mic ? "Your microphone is on: talk to interrupt the avatar" : "Turn the microphone on to interrupt by talking";
 }
 
-function secs(ms) {
-  return `${(ms / 1000).toFixed(1)} s`;
-}
-
-/** A turn's state in words, the same on both transports. */
-function statusText(rec) {
-  switch (rec.status) {
-    case "sent":
-      return "Sending…";
-    case "queued":
-      return "Waiting for the reply before it";
-    case "started":
-      return "Preparing…";
-    case "playing":
-      return "Speaking";
-    case "done":
-      return rec.sent_ms > 0 ? `Spoken · ${secs(rec.sent_ms)}` : "Nothing to say";
-    case "cancelled": {
-      const heard = rec.played_ms > 0;
-      if (rec.reason === "barge_in") {
-        return heard ? `Interrupted when you spoke, after ${secs(rec.played_ms)}` : "Interrupted before it was heard";
-      }
-      return heard ? `Stopped by you after ${secs(rec.played_ms)}` : "Stopped before it was heard";
-    }
-    case "failed":
-      return `Failed: ${rec.error || "the server could not say it"}`;
-    case "ended":
-      return rec.played_ms > 0
-        ? `Cut off after ${secs(rec.played_ms)}: the connection was lost`
-        : "Not spoken: the connection was lost";
-    default:
-      return rec.status;
-  }
-}
-
-function ttfaText(rec) {
-  if (rec.ttfa_ms === null) return "";
-  const est = rec.ttfaEstimated ? " (estimated)" : "";
-  return rec.ttfa_from === "previous"
-    ? `first sound ${rec.ttfa_ms} ms after the reply before it${est}`
-    : `first sound ${rec.ttfa_ms} ms after sending${est}`;
-}
-
 function renderTurn(rec) {
-  let li = ui.turns.querySelector(`li[data-turn-id="${CSS.escape(rec.turn_id)}"]`);
-  if (!li) {
-    li = document.createElement("li");
-    li.dataset.turnId = rec.turn_id;
-    li.innerHTML = '<span class="num"></span><div class="body"><p class="said"></p><p class="meta"></p></div>';
-    ui.turns.append(li);
-    ui.turns.scrollTop = ui.turns.scrollHeight;
-  }
-  li.dataset.status = rec.status;
-  li.querySelector(".num").textContent = String(rec.seq ?? rec.turn ?? "");
-  li.querySelector(".said").textContent = rec.text || "(streamed text)";
-  const meta = [statusText(rec), rec.voice, ttfaText(rec)].filter(Boolean);
-  li.querySelector(".meta").textContent = meta.join(" · ");
+  transcript.render(rec);
   if (rec.turn_id === page.lastTurnId && rec.ttfa_ms !== null) {
     const est = rec.ttfaEstimated ? " (estimated)" : "";
     const from = rec.ttfa_from === "previous" ? "after the reply before it finished" : "after its text was sent";
@@ -1116,7 +992,7 @@ window.voiceagentDemo = Object.freeze({
         preferred: page.preferred,
         fallback: page.fallback,
         connection: page.connection,
-        connectionMessage: page.connMessage ? page.connMessage.text : null,
+        connectionMessage: messages.conn ? messages.conn.text : null,
         sessionStarted: page.session !== null,
         reconnects: page.reconnects,
         retryInMs: page.retryAt === null ? null : Math.max(0, Math.round(page.retryAt - performance.now())),
@@ -1151,10 +1027,10 @@ window.voiceagentDemo = Object.freeze({
         sent: page.sent,
         levelEvents: page.levelEvents,
         syncEvents: page.syncEvents,
-        errors: page.errors,
-        log: page.log,
+        errors: messages.errors,
+        log: messages.log,
         barge: page.barge,
-        announcements: page.announcements,
+        announcements: messages.announcements,
       }),
     );
   },
