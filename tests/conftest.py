@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from onnx_fakes import write_fake_campplus, write_fake_speech_tokenizer
+from web_browser import HAS_ESPEAK, Demo, launch, render_mic_wav
 
 from voiceagent.bench import phone_speech
 from voiceagent.model import checkpoint
@@ -55,6 +56,37 @@ def make_server(tiny_model: SpeechModel) -> Iterator[Callable[..., BackgroundSer
 @pytest.fixture
 def server(make_server: Callable[..., BackgroundServer]) -> BackgroundServer:
     return make_server()
+
+
+# -- the demo page in headless Chromium (tests/test_web_*.py) ------------------------------
+
+
+@pytest.fixture(scope="module")
+def mic_wav(tmp_path_factory: pytest.TempPathFactory) -> Path | None:
+    """The fake microphone: espeak-ng speech after 3 s of silence (None without espeak-ng)."""
+    if not HAS_ESPEAK:
+        return None
+    return render_mic_wav(tmp_path_factory.mktemp("mic") / "mic.wav")
+
+
+@pytest.fixture(scope="module")
+def browser(mic_wav: Path | None) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = launch(p, mic_wav)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def demo(browser: Any, server: BackgroundServer) -> Iterator[Demo]:
+    """The page in a fresh browser context on the `server`; no uncaught page errors."""
+    context = browser.new_context()
+    d = Demo(context.new_page(), server)
+    yield d
+    context.close()
+    assert not d.page_errors, f"uncaught errors in the page: {d.page_errors}"
 
 
 def run(coro: Any) -> Any:

@@ -1,6 +1,7 @@
 """Headless Chromium for the demo page (web/): launch flags, a fake microphone made of real
-espeak-ng speech, and small helpers to read the page's debug handle
-(`window.voiceagentDemo.state()`). Used by tests/test_web_page.py and
+espeak-ng speech, small helpers to read the page's debug handle
+(`window.voiceagentDemo.state()`), and `Demo`, one page under test (the fixtures `browser`,
+`demo` and `mic_wav` are in conftest.py). Used by tests/test_web_*.py and
 tests/web_screenshot.py. No browser is downloaded: the system's `chromium` is used."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import shutil
 import wave
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,6 +31,8 @@ CHROMIUM_ARGS = [
 ]
 
 MIC_SENTENCE = "Wait, stop, I have a question about my order."
+AUDIBLE = 0.005  # analyser RMS; digital silence reads 0, the tiny model's noise ~0.05
+HAS_ESPEAK = shutil.which("espeak-ng") is not None
 
 
 def chromium_path() -> str | None:
@@ -81,10 +84,11 @@ def open_demo(
     transport: str | None = None,
     timeout_ms: int = 20000,
     token: str | None = None,
+    **params: str | int,
 ) -> None:
-    """Load the page (with a session `token` in its URL, as a demo link has it) and wait
-    until its session has started."""
-    query = {"transport": transport, "token": token}
+    """Load the page (with a session `token` in its URL, as a demo link has it, and any
+    other query `params`) and wait until its session has started."""
+    query = {"transport": transport, "token": token, **params}
     pairs = "&".join(f"{k}={v}" for k, v in query.items() if v)
     url = base_url + "/" + (f"?{pairs}" if pairs else "")
     page.goto(url)
@@ -95,11 +99,12 @@ def open_demo(
 
 
 # Samples the debug handle on every animation frame (about 60 per second) into
-# window.__samples: time, mouth opening, output level and what plays.
+# window.__samples: time, mouth opening, output level and what plays. It reads the light
+# `sample()` (state() is too heavy to take 60 times a second on a busy machine).
 START_SAMPLER = """() => {
   window.__samples = [];
   const loop = (now) => {
-    const s = window.voiceagentDemo.state();
+    const s = window.voiceagentDemo.sample();
     window.__samples.push({t: now, mouth: s.mouthOpen, out: s.outputLevel,
                            turn: s.playing ? s.playing.turn : null});
     window.__sampler = requestAnimationFrame(loop);
@@ -108,6 +113,12 @@ START_SAMPLER = """() => {
 }"""
 
 STOP_SAMPLER = """() => { cancelAnimationFrame(window.__sampler); return window.__samples; }"""
+
+
+def open_settings(page: Any) -> None:
+    """Open the page's Settings disclosure (voice pieces, barge-in mode, devices...)."""
+    if not page.evaluate("document.querySelector('#settings').open"):
+        page.click("#settings summary")
 
 
 def speak(page: Any, text: str) -> int:
@@ -130,3 +141,41 @@ def wait_turn(
         timeout=timeout_ms,
     )
     return dict(state(page)["turns"][index])
+
+
+def audible(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in samples if s["out"] > AUDIBLE]
+
+
+class HasHttp(Protocol):
+    @property
+    def http(self) -> str: ...
+
+
+class Demo:
+    """One page in a fresh browser context, with the page's uncaught errors collected."""
+
+    def __init__(self, page: Any, server: HasHttp) -> None:
+        self.page = page
+        self.server = server
+        self.page_errors: list[str] = []
+        page.on("pageerror", lambda e: self.page_errors.append(str(e)))
+
+    def open(self, transport: str | None = None, **params: str | int) -> dict[str, Any]:
+        open_demo(self.page, self.server.http, transport, **params)
+        return state(self.page)
+
+    def state(self) -> dict[str, Any]:
+        return state(self.page)
+
+    def speak_sampled(
+        self, text: str, until: tuple[str, ...] = ("done",)
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Speak `text`, sample the page on every animation frame until the turn ends and
+        1 s more has passed; return (turn, samples)."""
+        self.page.evaluate(START_SAMPLER)
+        index = speak(self.page, text)
+        turn = wait_turn(self.page, index, until)
+        self.page.wait_for_timeout(1000)
+        samples = self.page.evaluate(STOP_SAMPLER)
+        return turn, samples

@@ -1,10 +1,12 @@
-"""Screenshot of the demo page mid-speech, written to web/screenshot.png.
+"""Screenshots of the demo page mid-speech: web/screenshot.png (a laptop, 1280x800) and
+web/screenshot-phone.png (a phone, 375x667).
 
-    .venv/bin/python tests/web_screenshot.py [--transport webrtc|ws] [--out PATH]
+    .venv/bin/python tests/web_screenshot.py [--transport webrtc|ws] [--out PATH] [--phone PATH]
 
 Starts a server with the random-weight tiny model on a free port (voiceagent.server.
-background), opens the page in headless Chromium, speaks a sentence and takes the
-screenshot while the mouth is open. Not a test; no pytest needed.
+background), opens the page in headless Chromium, speaks a sentence and takes each
+screenshot while the mouth is open and the captions mark a word a second into it. Not a
+test; no pytest needed.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--transport", choices=["webrtc", "ws"], default="webrtc")
     parser.add_argument("--out", type=Path, default=ROOT / "web" / "screenshot.png")
+    parser.add_argument("--phone", type=Path, default=ROOT / "web" / "screenshot-phone.png")
     args = parser.parse_args()
 
     model = checkpoint.load(ensure_tiny())
@@ -37,27 +40,34 @@ def main() -> int:
         sync_playwright() as p,
     ):
         browser = launch(p)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        open_demo(page, server.http, args.transport)
-        page.fill("#text", TEXT)
-        # a first turn so the turn log and TTFA readout have something to show
-        wait_turn(page, speak(page, "Hi there."), ("done",))
-        page.wait_for_timeout(400)
-        speak(page, TEXT)
-        # mid-speech: the mouth well open, a second into the turn
-        page.wait_for_function(
-            "() => { const s = window.voiceagentDemo.state();"
-            " return s.lastTurn?.turn_id === 'r2' && s.playing && s.playing.offsetMs > 1000"
-            " && s.mouthOpen > 0.35; }",
-            timeout=20000,
-        )
-        page.screenshot(path=str(args.out))
-        s = state(page)
+        for out, phone in ((args.out, False), (args.phone, True)):
+            context = browser.new_context(
+                viewport={"width": 375, "height": 667} if phone else {"width": 1280, "height": 800},
+                device_scale_factor=2 if phone else 1,
+                is_mobile=phone,
+                has_touch=phone,
+            )
+            page = context.new_page()
+            open_demo(page, server.http, args.transport)
+            # a first turn so the transcript has something to show
+            wait_turn(page, speak(page, "Hi there."), ("done",))
+            page.wait_for_function("() => window.voiceagentDemo.state().botState === 'listening'")
+            speak(page, TEXT)
+            # mid-speech: the mouth well open, a second into the turn, a word marked
+            page.wait_for_function(
+                "() => { const s = window.voiceagentDemo.state();"
+                " return s.lastTurn?.turn_id === 'r2' && s.playing && s.playing.offsetMs > 1000"
+                " && s.mouthOpen > 0.35 && s.caption.marked >= 2; }",
+                timeout=20000,
+            )
+            page.screenshot(path=str(out))
+            s = state(page)
+            context.close()
+            print(
+                f"wrote {out} ({s['transport']}, mouth {s['mouthOpen']:.2f}, "
+                f"caption at {s['caption']['word']!r}, TTFA {s['turns'][0]['ttfa_ms']} ms)"
+            )
         browser.close()
-    print(
-        f"wrote {args.out} ({s['transport']}, mouth {s['mouthOpen']:.2f}, "
-        f"TTFA {s['turns'][0]['ttfa_ms']} ms)"
-    )
     return 0
 
 

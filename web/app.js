@@ -1,10 +1,16 @@
-// The demo page: connects (WebRTC, or the WebSocket fallback), runs the session
-// protocol (docs/protocol.md), drives the avatar from audio.levels released on the
-// playback clock, and shows what happens. window.voiceagentDemo.state() is a read-only
-// snapshot for tests and for poking around in the console.
+// The demo page: connects (WebRTC, or the WebSocket when WebRTC cannot get through), runs
+// the session protocol (docs/protocol.md), drives the avatar and the captions from the
+// page's playback clock, shows what the bot is doing, and heals its connection by itself.
+// window.voiceagentDemo.state() is a read-only snapshot for tests and for the console
+// (described in web/README.md).
 
 import { Avatar } from "./avatar.js";
+import { Captions } from "./captions.js";
+import { Backoff, failureText, lostText, queryMs } from "./connection.js";
+import { DevicePickers } from "./devices.js";
 import { LevelClock } from "./levels.js";
+import { Messages } from "./messages.js";
+import { Transcript } from "./transcript.js";
 import { RtcTransport } from "./transport-webrtc.js";
 import { WsTransport } from "./transport-ws.js";
 
@@ -19,31 +25,49 @@ const ERROR_TEXT = {
   unexpected_binary: "Microphone audio reached the server while its microphone input was off.",
   message_too_large: "That text is too long to send in one message. Send a shorter text.",
   text_too_long: "This reply's text is longer than the server allows for one turn.",
-  unknown_voice: "That role is not one of the server's voices.",
+  unknown_voice: "That voice is not one of the server's voices.",
   invalid_parameter: "The server did not accept a setting or a field (for example an empty text).",
   session_not_started: "The session had not started yet when the page sent that.",
   session_already_started: "The session was already started.",
   duplicate_turn_id: "The page used a turn id twice.",
   unknown_turn: "That turn is unknown to the server (it may have finished).",
   no_open_turn: "There was no open turn to end.",
-  turn_queue_full: "Too many replies are waiting to be spoken. Wait for one to finish, or cancel.",
-  too_many_sessions: "The server is full (too many sessions). Try again in a moment.",
-  synthesis_failed: "The server could not synthesize this reply.",
+  turn_queue_full: "Too many replies are waiting to be spoken. Wait for one to finish, or stop them.",
+  too_many_sessions: "The server is full right now.",
+  server_draining: "The server is restarting.",
+  server_busy: "The server is busy with other replies. Try again in a moment.",
+  quota_exceeded: "Your account has reached its limit for now. Try again in a moment.",
+  rate_limited: "The page sent messages too fast; the server slowed it down.",
+  synthesis_failed: "The server could not make the audio for this reply.",
   engine_unavailable: "The speech engine behind the server cannot be reached right now.",
   internal_error: "The server hit an internal error on this reply.",
 };
 
+// Errors that come with a refused connection: they are said in the connection's message.
+const REFUSAL_CODES = new Set(["server_draining", "too_many_sessions", "quota_exceeded"]);
+const LIVE = new Set(["sent", "queued", "started", "playing"]);
+const FINAL = new Set(["done", "cancelled", "failed", "ended"]);
 const MAX_EVENTS = 300;
 const LLM_DELTA_MS = 50;
+const SESSION_TIMEOUT_MS = 10000;
+const ICE_HINT_MS = queryMs("ice_hint_ms", 3000);
+const ICE_HINT =
+  "Still connecting… a firewall may be blocking the audio path; the page will switch to WebSocket if it does not get through.";
+const INTERRUPTED_MS = 2000;
 
 const ui = {
-  transportSelect: $("transport-select"),
-  transport: $("transport"),
+  link: $("link"),
   connection: $("connection"),
+  transport: $("transport"),
+  transportSelect: $("transport-select"),
+  connMessage: $("conn-message"),
+  connMessageText: $("conn-message-text"),
   reconnect: $("reconnect"),
   modelNotice: $("model-notice"),
   modelWarning: $("model-warning"),
   envNotice: $("env-notice"),
+  botState: $("bot-state"),
+  botStateText: $("bot-state-text"),
   form: $("speak-form"),
   text: $("text"),
   voice: $("voice"),
@@ -52,13 +76,18 @@ const ui = {
   cancel: $("cancel"),
   mic: $("mic"),
   bargeMode: $("barge-mode"),
+  settings: $("settings"),
   ttfa: $("ttfa"),
   buffered: $("buffered"),
   lipsync: $("lipsync"),
   playing: $("playing"),
+  connDetail: $("conn-detail"),
   turns: $("turns"),
   barge: $("barge"),
+  log: $("log"),
   errors: $("errors"),
+  alert: $("announce-alert"),
+  status: $("announce-status"),
   mouthMeter: $("mouth-meter"),
   outputMeter: $("output-meter"),
   micMeter: $("mic-meter"),
@@ -66,27 +95,60 @@ const ui = {
 
 const clock = new LevelClock();
 const avatar = new Avatar($("avatar"));
+const captions = new Captions($("caption"));
+const backoff = new Backoff(queryMs("retry_ms", 500), queryMs("retry_max_ms", 4000));
+const devices = new DevicePickers($("mic-device"), $("speaker-device"), $("speaker-note"), onDevicePicked);
+const transcript = new Transcript(ui.turns);
+const messages = new Messages(ui, () => ui.text.focus());
+const announce = (text, kind) => messages.announce(text, kind);
+const logLine = (text) => messages.line(text);
+const addError = (text, serverMessage, code) => messages.error(text, serverMessage, code);
+const addNote = (text) => transcript.note(text);
+
+function setConnMessage(text, tone = "warn") {
+  messages.setConn(text, tone);
+  ui.reconnect.hidden = !["reconnecting", "stopped"].includes(page.connection);
+}
 
 const page = {
   transport: null,
+  preferred: "webrtc", // what the person chose: WebRTC (WebSocket if blocked) or WebSocket
   fallback: null, // why WebRTC was given up, when it was
-  connection: "idle",
+  connection: "connecting", // connecting | connected | reconnecting | stopped
   generation: 0,
   session: null, // the session.created event
+  everConnected: false,
+  reconnects: 0, // sessions started again after a drop
+  lostText: null, // why the last connection ended or the last attempt failed
+  retryAt: null,
+  refusal: null, // error code sent just before a refused connection closed
+  timers: { retry: null, session: null, hint: null },
+  lastClose: null,
   voices: [],
   voice: null,
   mic: false,
+  micWanted: false, // stays on across a reconnect
+  micBusy: false,
+  micDevice: "",
+  speakerWanted: "",
+  speakerInUse: null,
+  speakerSupported: null,
   turns: new Map(), // turn_id -> record
   byNum: new Map(), // turn number -> turn_id (this session)
   stoppedAt: new Map(), // turn number -> ms of it played when the page silenced it
   lastTurnId: null,
   nextTurn: 0,
+  captionTurn: null,
   events: [], // recent event types, oldest first (audio.levels only counted)
   sent: [], // recent messages sent: {type, t (performance.now())}
   levelEvents: 0,
   syncEvents: 0,
-  errors: [],
   barge: [],
+  botState: "connecting",
+  speakingUntil: 0,
+  interrupted: { until: 0, by: null },
+  hearing: false, // the microphone hears speech (speech_started .. speech_stopped)
+  ducked: false,
   mouthOpen: 0,
   outputLevel: 0,
   micLevel: 0,
@@ -97,40 +159,77 @@ const page = {
 
 // -- connection ---------------------------------------------------------------------------
 
-function setConnection(state) {
-  page.connection = state;
-  ui.connection.textContent = state;
-  ui.connection.dataset.state = state;
-  ui.reconnect.hidden = !["closed", "failed", "disconnected"].includes(state);
-  const ready = state === "connected" && page.session !== null;
-  for (const el of [ui.speak, ui.cancel, ui.mic, ui.voice, ui.bargeMode]) el.disabled = !ready;
+function clearTimers() {
+  for (const k of Object.keys(page.timers)) {
+    clearTimeout(page.timers[k]);
+    page.timers[k] = null;
+  }
 }
 
-function setTransportLabel() {
+function setConnection(state) {
+  page.connection = state;
+  ui.link.dataset.state = state;
+  const words = {
+    connecting: page.everConnected ? "Reconnecting…" : "Connecting…",
+    connected: "Connected",
+    reconnecting: "Offline",
+    stopped: "Disconnected",
+  };
+  ui.connection.textContent = words[state];
+  ui.reconnect.hidden = !["reconnecting", "stopped"].includes(state);
+  renderControls();
+}
+
+function ready() {
+  return page.connection === "connected" && page.session !== null;
+}
+
+function renderControls() {
+  const ok = ready();
+  // aria-disabled, not disabled: a focused control keeps its focus while the page
+  // reconnects, and a press says why nothing happens
+  for (const el of [ui.speak, ui.mic]) el.setAttribute("aria-disabled", String(!ok));
+  ui.cancel.setAttribute("aria-disabled", String(!ok || !anyLive()));
+}
+
+function renderTransport() {
   const t = page.transport;
-  ui.transport.textContent = t ? (page.fallback ? `${t.name} (fallback)` : t.name) : "–";
-  ui.transport.title = page.fallback ? `WebRTC failed: ${page.fallback}` : "";
+  let text = t ? t.name : "–";
+  if (t && page.fallback) text = "WebSocket (WebRTC blocked)";
+  ui.transport.textContent = text;
+  ui.link.title = page.fallback ? `WebRTC could not connect: ${page.fallback}. The page uses the WebSocket instead.` : "";
+}
+
+function currentKind() {
+  return page.fallback ? "ws" : page.preferred;
 }
 
 async function connect(kind, allowFallback) {
+  endLiveTurns(); // a turn still live now belongs to the connection that goes
   const gen = ++page.generation;
+  clearTimers();
   if (page.transport) page.transport.close();
   stopStreaming();
   clock.dropAll();
   page.byNum.clear();
   page.stoppedAt.clear();
   page.session = null;
+  page.refusal = null;
   page.mic = false;
+  page.hearing = false;
+  page.ducked = false;
   page.bufferedMs = null;
+  page.speakerInUse = null;
   renderMic();
+  const mine = (f) => (...args) => (gen === page.generation ? f(...args) : undefined);
   const hooks = {
-    onEvent: (e) => gen === page.generation && onEvent(e),
-    onState: (s) => gen === page.generation && setConnection(s),
-    onAnchor: (turn, offset, at, hold) => gen === page.generation && onAnchor(turn, offset, at, hold),
-    onBuffered: (ms) => {
-      if (gen === page.generation) page.bufferedMs = ms;
-    },
-    onError: (text) => gen === page.generation && addError(text),
+    onEvent: mine(onEvent),
+    onLost: mine(onLost),
+    onAnchor: mine(onAnchor),
+    onBuffered: mine((ms) => {
+      page.bufferedMs = ms;
+    }),
+    onError: mine((text) => addError(text)),
   };
   const t = kind === "ws" ? new WsTransport(hooks) : new RtcTransport(hooks, $("remote-audio"));
   // every control message the page sends, also those the transport sends itself
@@ -141,28 +240,51 @@ async function connect(kind, allowFallback) {
     try {
       rawSend(message);
     } catch (err) {
-      addError(`The page could not send a ${message.type} message: ${err.message}.`);
+      logLine(`could not send ${message.type}: ${err.message}`);
     }
   };
   page.transport = t;
-  setTransportLabel();
+  renderTransport();
   setConnection("connecting");
+  if (page.lostText) setConnMessage(`${page.lostText} Reconnecting…`);
+  if (kind === "webrtc") {
+    page.timers.hint = setTimeout(
+      mine(() => {
+        if (page.connection !== "connecting") return;
+        setConnMessage(ICE_HINT, "info");
+        announce(ICE_HINT);
+      }),
+      ICE_HINT_MS,
+    );
+  }
   try {
     await t.connect();
   } catch (err) {
     t.close();
     if (gen !== page.generation) return;
-    if (kind === "webrtc" && allowFallback) {
+    clearTimeout(page.timers.hint);
+    logLine(`${t.name} did not connect: ${err.message}`);
+    // A server that went away between answering the offer and the audio path opening
+    // looks like a blocked path: only give WebRTC up while the server is there.
+    if (err.kind === "path" && !(await reachable())) err.kind = "unreachable";
+    // A browser does not say why a WebSocket did not open. If the server answers HTTP,
+    // it turned this page down (an expired token in the link is the usual reason).
+    if (err.kind === "unreachable" && kind === "ws" && (await reachable())) {
+      err.kind = new URLSearchParams(location.search).get("token") ? "denied" : "refused";
+    }
+    if (gen !== page.generation) return;
+    if (kind === "webrtc" && allowFallback && (err.kind === "path" || err.kind === "unsupported")) {
       page.fallback = err.message;
-      addError(`WebRTC could not connect (${err.message}). Using the WebSocket instead.`);
-      await connect("ws", false);
+      logLine("using the WebSocket instead of WebRTC");
+      connect("ws", false);
       return;
     }
-    setConnection("failed");
-    addError(`Could not connect over ${t.name}: ${err.message}.`);
+    if (err.kind === "denied") stopConnecting(failureText(err));
+    else scheduleRetry(failureText(err));
     return;
   }
   if (gen !== page.generation) return;
+  clearTimeout(page.timers.hint);
   // playback.reports: the page says how much of a turn it played (every 250 ms, and once
   // when it stops a turn on audio.clear), so cancels report what was really heard.
   t.send({
@@ -171,13 +293,93 @@ async function connect(kind, allowFallback) {
     barge_in: { mode: "off" },
     playback: { reports: true },
   });
+  page.timers.session = setTimeout(
+    mine(() => {
+      if (page.session) return;
+      t.close();
+      logLine("no session.created within 10 s");
+      scheduleRetry(failureText({ kind: "session" }));
+    }),
+    SESSION_TIMEOUT_MS,
+  );
+}
+
+/** Whether the server answers at all (its liveness probe, which needs no credential). */
+async function reachable() {
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), 3000);
+  try {
+    const r = await fetch("/healthz", { cache: "no-store", signal: abort.signal });
+    return r.status < 500;
+  } catch {
+    return false;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function scheduleRetry(text) {
+  const delay = backoff.next();
+  page.lostText = text;
+  page.retryAt = performance.now() + delay;
+  setConnection("reconnecting");
+  renderRetryMessage();
+  page.timers.retry = setTimeout(reconnectNow, delay);
+}
+
+function renderRetryMessage() {
+  if (page.connection !== "reconnecting" || page.retryAt === null) return;
+  const s = Math.max(1, Math.ceil((page.retryAt - performance.now()) / 1000));
+  const text = `${page.lostText} Reconnecting in ${s} s…`;
+  if (!messages.conn || messages.conn.text !== text) setConnMessage(text);
+}
+
+function stopConnecting(text) {
+  page.lostText = text;
+  page.retryAt = null;
+  setConnection("stopped");
+  setConnMessage(text, "error");
+  announce(text, "alert");
+}
+
+function reconnectNow() {
+  clearTimers();
+  page.retryAt = null;
+  connect(currentKind(), currentKind() === "webrtc");
+}
+
+/** The connection ended (transports call this once, only after connect() succeeded). */
+function onLost(info) {
+  page.lastClose = info;
+  logLine(`connection ended: ${info.why ? info.why : `close code ${info.code}${info.reason ? ` (${info.reason})` : ""}`}`);
+  const { text, retry } = lostText(info, page.refusal);
+  const wasUp = page.session !== null;
+  const t = page.transport;
+  clearTimers();
+  stopStreaming();
+  endLiveTurns(); // before the transport goes: what was heard of each is still known
+  page.session = null;
+  page.mic = false;
+  renderMic();
+  t.close();
+  clock.dropAll();
+  if (wasUp) {
+    announce(`${text} Reconnecting.`, "alert");
+    addNote(`Connection lost: ${text}`);
+  }
+  if (retry) scheduleRetry(text);
+  else stopConnecting(text);
 }
 
 function chooseTransport(kind) {
   const url = new URL(location.href);
   url.searchParams.set("transport", kind);
   history.replaceState(null, "", url);
+  page.preferred = kind;
   page.fallback = null;
+  page.lostText = null;
+  backoff.reset();
+  setConnMessage(null);
   connect(kind, kind === "webrtc");
 }
 
@@ -191,7 +393,18 @@ function remember(type) {
 function turnRecord(id) {
   let rec = page.turns.get(id);
   if (!rec) {
-    rec = { turn_id: id, turn: null, voice: null, status: "sent", sentAt: null, ttfa_ms: null };
+    rec = {
+      turn_id: id,
+      seq: null,
+      turn: null,
+      voice: null,
+      status: "sent",
+      text: "",
+      sentAt: null,
+      ttfa_ms: null,
+      ttfa_from: null,
+      generation: page.generation,
+    };
     page.turns.set(id, rec);
   }
   return rec;
@@ -200,6 +413,11 @@ function turnRecord(id) {
 function recordOf(num) {
   const id = page.byNum.get(num);
   return id === undefined ? null : page.turns.get(id);
+}
+
+function anyLive() {
+  for (const r of page.turns.values()) if (LIVE.has(r.status)) return true;
+  return false;
 }
 
 function onEvent(e) {
@@ -215,16 +433,19 @@ function onEvent(e) {
       break;
     case "turn.started": {
       const rec = turnRecord(e.turn_id);
-      Object.assign(rec, { turn: e.turn, voice: e.voice, status: e.queued ? "queued" : "started" });
+      Object.assign(rec, { turn: e.turn, voice: e.voice });
+      if (!FINAL.has(rec.status)) rec.status = e.queued ? "queued" : "started";
       page.byNum.set(e.turn, e.turn_id);
-      page.lastTurnId = e.turn_id;
       renderTurn(rec);
       break;
     }
+    case "turn.words":
+      captions.add(e.turn_id, e);
+      break;
     case "turn.first_audio": {
       const rec = recordOf(e.turn);
       if (!rec) break;
-      rec.status = "playing";
+      if (!FINAL.has(rec.status)) rec.status = "playing";
       rec.firstAudioAt = performance.now();
       // Without audio.sync (an older server) WebRTC has no playback anchor: estimate.
       setTimeout(() => estimateTtfa(rec), 1500);
@@ -241,7 +462,10 @@ function onEvent(e) {
       clock.end(e.turn, e.sent_ms);
       const rec = recordOf(e.turn);
       if (!rec) break;
-      Object.assign(rec, { status: "done", sent_ms: e.sent_ms, server_ttfa_ms: e.timings?.ttfa_ms ?? null });
+      rec.sent_ms = e.sent_ms;
+      rec.server_ttfa_ms = e.timings?.ttfa_ms ?? null;
+      rec.doneAt = performance.now();
+      if (!FINAL.has(rec.status)) rec.status = "done";
       renderTurn(rec);
       break;
     }
@@ -252,36 +476,25 @@ function onEvent(e) {
       page.transport.send({ type: "playback", turn_id: e.turn_id, played_ms: played, stopped: true });
       break;
     }
-    case "turn.cancelled": {
-      silence([e.turn]);
-      const rec = recordOf(e.turn);
-      if (rec) {
-        Object.assign(rec, {
-          status: "cancelled",
-          reason: e.reason || "cancel",
-          sent_ms: e.sent_ms,
-          played_ms: e.played_ms ?? null,
-          played_source: e.played_source ?? null,
-        });
-        renderTurn(rec);
-      }
-      if (e.reason === "barge_in") {
-        const heard = e.played_ms == null ? "" : ` after ${(e.played_ms / 1000).toFixed(2)} s heard`;
-        addBarge(`barge-in: ${e.turn_id} cancelled${heard}`);
-      }
+    case "turn.cancelled":
+      onCancelled(e);
       break;
-    }
     case "speech_started":
-      addBarge(`speech started (mic at ${(e.t_ms / 1000).toFixed(2)} s)`);
+      page.hearing = true;
+      addBarge(`you started talking (${(e.t_ms / 1000).toFixed(2)} s into the microphone audio)`);
       break;
     case "speech_stopped":
-      addBarge(`speech stopped (mic at ${(e.t_ms / 1000).toFixed(2)} s)`);
+      page.hearing = false;
+      addBarge(`you stopped talking (${(e.t_ms / 1000).toFixed(2)} s)`);
       break;
     case "audio.ducked": // barge_in.mode "duck": the person talks, the bot goes quiet
-      addBarge(`the bot's voice is ducked to gain ${e.gain}`);
+      page.ducked = true;
+      addBarge(`the avatar talks quieter while you talk (volume × ${e.gain})`);
+      announce("You are talking: the avatar lowers its voice.", "alert");
       break;
     case "audio.unducked":
-      addBarge("the bot's voice is back to full volume");
+      page.ducked = false;
+      addBarge("the avatar is back to full volume");
       break;
     case "error":
       onServerError(e);
@@ -292,39 +505,91 @@ function onEvent(e) {
 }
 
 function onSessionCreated(e) {
+  clearTimeout(page.timers.session);
   page.session = e;
   page.voices = Array.isArray(e.voices) ? e.voices : [];
-  ui.voice.replaceChildren(
-    ...page.voices.map((v) => {
-      const o = document.createElement("option");
-      o.value = v;
-      o.textContent = v;
-      return o;
-    }),
-  );
+  ui.voice.replaceChildren(...page.voices.map((v) => new Option(v, v)));
   const wanted = page.voice;
   page.voice = e.settings?.voice ?? page.voices[0] ?? null;
   if (wanted && wanted !== page.voice && page.voices.includes(wanted)) {
-    page.voice = wanted; // keep the role picked before a reconnect
+    page.voice = wanted; // keep the voice picked before a reconnect
     page.transport.send({ type: "session.update", voice: wanted });
   }
   ui.voice.value = page.voice;
   const model = e.model || {};
   ui.modelNotice.hidden = model.random_weights !== true;
   ui.modelWarning.textContent = model.warning ? `Server: ${model.warning}` : "";
-  setConnection(page.connection);
+  const again = page.everConnected;
+  page.everConnected = true;
+  backoff.reset();
+  page.lostText = null;
+  page.retryAt = null;
+  messages.clearErrors();
+  setConnMessage(null);
+  setConnection("connected");
+  logLine(`session ${e.session_id} started over ${page.transport.name}`);
+  if (again) {
+    page.reconnects += 1;
+    addNote("Reconnected.");
+    announce("Reconnected.");
+  }
+  const t = page.transport;
+  devices.setSpeakerSupport(t.constructor.canPickSpeaker(), t.name);
+  if (page.speakerWanted) applySpeaker();
+  if (page.micWanted) toggleMic(true);
 }
 
 function onServerError(e) {
-  const plain = ERROR_TEXT[e.code] || `The server reported an error (${e.code}).`;
+  if (!page.session && REFUSAL_CODES.has(e.code)) {
+    // a refused connection: the close that follows says it in the connection's message
+    page.refusal = e.code;
+    logLine(`refused: ${e.code} (${e.message})`);
+    return;
+  }
+  const plain = ERROR_TEXT[e.code] || "The server reported an error.";
   addError(plain, e.message, e.code);
   if (e.turn_id) {
     const rec = page.turns.get(e.turn_id);
     if (rec) {
       rec.status = "failed";
+      rec.error = plain;
+      rec.endedAt = performance.now();
       if (rec.turn !== null) silence([rec.turn]);
       renderTurn(rec);
     }
+  }
+}
+
+function onCancelled(e) {
+  silence([e.turn]);
+  const rec = recordOf(e.turn);
+  if (!rec) return;
+  const first = rec.status !== "cancelled"; // not already marked when the page stopped it
+  Object.assign(rec, {
+    status: "cancelled",
+    reason: e.reason || "cancel",
+    sent_ms: e.sent_ms,
+    played_ms: e.played_ms ?? rec.played_ms ?? 0,
+    played_source: e.played_source ?? null,
+  });
+  if (rec.endedAt == null) rec.endedAt = performance.now();
+  renderTurn(rec);
+  if (e.reason === "barge_in") {
+    const heard = e.played_ms == null ? "" : ` after ${(e.played_ms / 1000).toFixed(2)} s`;
+    addBarge(`barge-in: you interrupted ${e.turn_id}${heard}`);
+    if (first && rec.played_ms > 0) interrupt("barge_in");
+  }
+}
+
+/** The bot was cut off while it spoke: the face says so for a moment. */
+function interrupt(by) {
+  const now = performance.now();
+  page.interrupted = { until: now + INTERRUPTED_MS, by };
+  page.speakingUntil = 0;
+  renderBotState(now, null); // at once, not at the next animation frame
+  if (by === "barge_in") {
+    announce("You interrupted the avatar.", "alert");
+    addNote("You spoke: the avatar stopped.");
   }
 }
 
@@ -343,32 +608,62 @@ setInterval(reportPlayback, 250);
 /** Stop showing and playing these turns at once (cancel, barge-in, failure). */
 function silence(nums) {
   const now = performance.now();
+  const audible = nums.some((n) => clock.anchored(n));
   for (const n of nums) {
     // where each turn stopped: the playback report that answers audio.clear
     if (!page.stoppedAt.has(n)) page.stoppedAt.set(n, clock.playedMs(n, now));
     clock.drop(n);
   }
-  if (page.transport) page.transport.flushTurns(nums);
+  if (page.transport) page.transport.flushTurns(nums, audible);
+}
+
+/** Every turn still live belongs to a connection that is gone: it ends here. */
+function endLiveTurns() {
+  const now = performance.now();
+  for (const rec of page.turns.values()) {
+    if (!LIVE.has(rec.status)) continue;
+    const played = rec.turn !== null && rec.generation === page.generation ? clock.playedMs(rec.turn, now) : 0;
+    Object.assign(rec, { status: "ended", reason: "connection_lost", played_ms: Math.round(played), endedAt: now });
+    renderTurn(rec);
+  }
 }
 
 function onAnchor(turn, offsetMs, at, holdMs) {
   clock.anchor(turn, offsetMs, at, holdMs);
   const rec = recordOf(turn);
   if (rec && rec.ttfa_ms === null && rec.sentAt !== null) {
-    // when offset 0 of the turn is heard, counted from the moment the text was sent
-    rec.ttfa_ms = Math.round(at - offsetMs - rec.sentAt);
-    rec.ttfaEstimated = false;
-    renderTurn(rec);
+    setTtfa(rec, at - offsetMs, false);
   }
 }
 
+/** Time to first audio, from when the turn could start playing: when its text was sent,
+ *  or when the turn before it finished, whichever is later (a queued turn waits for the
+ *  one before it; that wait is not the server's delay). `heardAt`: when its audio at
+ *  offset 0 is heard. */
+function setTtfa(rec, heardAt, estimated) {
+  let from = rec.sentAt;
+  let fromPrevious = false;
+  const prev = rec.turn > 1 ? recordOf(rec.turn - 1) : null;
+  if (prev) {
+    let end = prev.endedAt ?? clock.endAt(prev.turn);
+    if (end == null) end = prev.status === "done" && !(prev.sent_ms > 0) ? prev.doneAt : heardAt;
+    if (end != null && end > from) {
+      from = end;
+      fromPrevious = true;
+    }
+  }
+  rec.ttfa_ms = Math.max(0, Math.round(heardAt - from));
+  rec.ttfa_from = fromPrevious ? "previous" : "sent";
+  rec.ttfaEstimated = estimated;
+  renderTurn(rec);
+}
+
 function estimateTtfa(rec) {
-  if (rec.ttfa_ms !== null || rec.sentAt === null || !page.transport) return;
+  const over = FINAL.has(rec.status) && rec.status !== "done";
+  if (rec.ttfa_ms !== null || rec.sentAt === null || !page.transport || over) return;
   const t = page.transport;
   const delay = t.delayMs ? t.delayMs() : 40;
-  rec.ttfa_ms = Math.round(rec.firstAudioAt + delay - rec.sentAt);
-  rec.ttfaEstimated = true;
-  renderTurn(rec);
+  setTtfa(rec, rec.firstAudioAt + delay, true);
 }
 
 // -- actions ------------------------------------------------------------------------------
@@ -383,12 +678,24 @@ function stopStreaming() {
   page.streamTimer = null;
 }
 
+function notReady() {
+  const why =
+    page.connection === "stopped"
+      ? "Not connected. Press Reconnect now."
+      : "Not connected yet: the page is connecting to the server.";
+  announce(why, "alert");
+  if (!messages.conn) setConnMessage(why);
+}
+
 async function speak() {
   const t = page.transport;
   const text = ui.text.value;
-  if (!t || !page.session) return;
+  if (!ready()) {
+    notReady();
+    return;
+  }
   if (!text.trim()) {
-    addError("Type some text first.");
+    addError("Type something for the avatar to say first.");
     return;
   }
   await t.resume();
@@ -396,9 +703,13 @@ async function speak() {
   page.nextTurn += 1;
   const id = `r${page.nextTurn}`;
   const rec = turnRecord(id);
+  rec.seq = page.nextTurn;
   rec.sentAt = performance.now();
   rec.text = text;
+  captions.expect(id, text);
   page.lastTurnId = id;
+  renderTurn(rec);
+  renderControls();
   if (!ui.streamMode.checked) {
     t.send({ type: "speak", turn_id: id, text });
     return;
@@ -417,51 +728,91 @@ async function speak() {
   page.streamTimer = setInterval(step, LLM_DELTA_MS);
 }
 
+/** Stop: every live turn, whatever the transport. The page marks them stopped at once,
+ *  with how much of each it played (the same number it reports to the server); the
+ *  server's turn.cancelled confirms it. */
 function cancelAll() {
   const t = page.transport;
-  if (!t) return;
   const streaming = page.streamTimer !== null;
   stopStreaming();
-  t.send({ type: "cancel" });
-  // silence what is still buffered here at once; the server confirms with turn.cancelled
-  const live = [...page.turns.values()].filter(
-    (r) => r.turn !== null && ["sent", "queued", "started", "playing"].includes(r.status),
-  );
-  silence(live.map((r) => r.turn));
+  const live = [...page.turns.values()].filter((r) => LIVE.has(r.status));
+  if (!live.length && !streaming) return false;
+  if (t && ready()) t.send({ type: "cancel" });
+  const now = performance.now();
+  // the avatar was cut off if any of these had started to be heard
+  const heard = live.some((r) => r.turn !== null && (r.ttfa_ms !== null || clock.playedMs(r.turn, now) > 0));
+  silence(live.filter((r) => r.turn !== null).map((r) => r.turn));
+  for (const r of live) {
+    Object.assign(r, {
+      status: "cancelled",
+      reason: "cancel",
+      played_ms: r.turn === null ? 0 : Math.round(page.stoppedAt.get(r.turn) ?? 0),
+      endedAt: now,
+    });
+    renderTurn(r);
+  }
   if (streaming) remember("llm.stopped");
+  if (heard) interrupt("cancel");
+  announce("Stopped.");
+  renderControls();
+  return true;
 }
 
-async function toggleMic() {
+async function toggleMic(forceOn = null) {
+  if (page.micBusy) return;
   const t = page.transport;
-  if (!t) return;
-  const on = !page.mic;
-  ui.mic.disabled = true;
+  if (!ready()) {
+    notReady();
+    return;
+  }
+  const on = forceOn === null ? !page.mic : forceOn;
+  if (on === page.mic) return;
+  // never disabled while it works: the button keeps its focus (aria-busy says it is busy)
+  page.micBusy = true;
+  ui.mic.setAttribute("aria-busy", "true");
   try {
     await t.resume();
-    await t.setMic(on, ui.bargeMode.value);
+    await t.setMic(on, ui.bargeMode.value, page.micDevice);
+    if (t !== page.transport) return;
     page.mic = on;
+    page.micWanted = on;
+    if (on) devices.refresh(); // with the microphone allowed, devices have names
+    announce(on ? "Microphone on: talk to interrupt the avatar." : "Microphone off.");
   } catch (err) {
-    addError(`The microphone could not be ${on ? "opened" : "closed"}: ${err.message}.`);
+    addError(`The microphone could not be turned ${on ? "on" : "off"}: ${err.message}.`);
   } finally {
-    ui.mic.disabled = !(page.connection === "connected" && page.session);
+    page.micBusy = false;
+    ui.mic.removeAttribute("aria-busy");
     renderMic();
   }
 }
 
-// -- rendering ----------------------------------------------------------------------------
-
-function addError(text, serverMessage = null, code = null) {
-  page.errors.push({ code, text, message: serverMessage });
-  const li = document.createElement("li");
-  li.textContent = text;
-  if (serverMessage) {
-    const small = document.createElement("small");
-    small.textContent = `server: ${serverMessage}`;
-    li.append(small);
+async function onDevicePicked(kind, deviceId) {
+  if (kind === "mic") {
+    page.micDevice = deviceId;
+    if (page.mic && ready()) {
+      // the new microphone from now on: close the old one, open the new one
+      await toggleMic(false);
+      page.micWanted = true;
+      await toggleMic(true);
+    }
+    return;
   }
-  ui.errors.append(li);
-  ui.errors.scrollTop = ui.errors.scrollHeight;
+  page.speakerWanted = deviceId;
+  await applySpeaker();
 }
+
+async function applySpeaker() {
+  const t = page.transport;
+  if (!t || !ready()) return;
+  try {
+    page.speakerInUse = await t.setSpeaker(page.speakerWanted);
+  } catch (err) {
+    addError(`The page could not switch to that speaker: ${err.message}.`);
+  }
+}
+
+// -- rendering ----------------------------------------------------------------------------
 
 function addBarge(text) {
   page.barge.push(text);
@@ -473,32 +824,63 @@ function addBarge(text) {
 
 function renderMic() {
   ui.mic.setAttribute("aria-pressed", String(page.mic));
-  ui.mic.textContent = page.mic ? "Microphone on · barge-in" : "Microphone off";
-}
-
-function fmtMs(ms) {
-  return ms === null || ms === undefined ? "–" : `${Math.round(ms)} ms`;
+  ui.mic.textContent = page.mic ? "Mic on" : "Mic off";
+  ui.mic.title = page.mic ? "Your microphone is on: talk to interrupt the avatar" : "Turn the microphone on to interrupt by talking";
 }
 
 function renderTurn(rec) {
-  let li = ui.turns.querySelector(`li[data-turn-id="${CSS.escape(rec.turn_id)}"]`);
-  if (!li) {
-    li = document.createElement("li");
-    li.dataset.turnId = rec.turn_id;
-    ui.turns.append(li);
-  }
-  const ttfa = rec.ttfa_ms === null ? "TTFA –" : `TTFA ${rec.ttfa_ms} ms${rec.ttfaEstimated ? " (est.)" : ""}`;
-  let status = rec.status;
-  if (rec.status === "done" && rec.sent_ms != null) status = `done, ${(rec.sent_ms / 1000).toFixed(2)} s`;
-  if (rec.status === "cancelled") {
-    status = rec.reason === "barge_in" ? "cancelled by barge-in" : "cancelled";
-    if (rec.played_ms != null) status += ` after ${(rec.played_ms / 1000).toFixed(2)} s`;
-  }
-  li.textContent = `${rec.turn_id} · ${rec.voice ?? "?"} · ${ttfa} · ${status}`;
-  ui.turns.scrollTop = ui.turns.scrollHeight;
+  transcript.render(rec);
   if (rec.turn_id === page.lastTurnId && rec.ttfa_ms !== null) {
-    ui.ttfa.textContent = `${rec.ttfa_ms} ms${rec.ttfaEstimated ? " (est.)" : ""} (${rec.turn_id})`;
+    const est = rec.ttfaEstimated ? " (estimated)" : "";
+    const from = rec.ttfa_from === "previous" ? "after the reply before it finished" : "after its text was sent";
+    ui.ttfa.textContent = `${rec.ttfa_ms} ms${est} (${rec.turn_id}, ${from})`;
   }
+}
+
+const BOT_WORDS = {
+  connecting: () => (page.everConnected ? "Reconnecting…" : "Connecting…"),
+  offline: () => "Offline",
+  listening: () => (page.hearing ? "Listening: hearing you" : "Listening"),
+  thinking: () => "Thinking…",
+  speaking: () => (page.ducked ? "Speaking (quieter while you talk)" : "Speaking"),
+  interrupted: () => (page.interrupted.by === "barge_in" ? "Interrupted: you spoke" : "Interrupted: stopped"),
+};
+
+function botState(now, playing) {
+  if (!ready()) return page.connection === "stopped" ? "offline" : "connecting";
+  const live = anyLive();
+  if (playing) {
+    page.speakingUntil = now + 300; // bridges a short gap in the audio
+    return "speaking";
+  }
+  if (live && now < page.speakingUntil) return "speaking";
+  if (now < page.interrupted.until) return "interrupted";
+  if (live) return "thinking";
+  return "listening";
+}
+
+function renderBotState(now, playing) {
+  const state = botState(now, playing);
+  const words = BOT_WORDS[state]();
+  page.botState = state;
+  if (ui.botState.dataset.state !== state) ui.botState.dataset.state = state;
+  if (ui.botStateText.textContent !== words) ui.botStateText.textContent = words;
+}
+
+function renderCaptions(playing) {
+  let rec = playing ? recordOf(playing.turn) : null;
+  if (rec) {
+    page.captionTurn = rec.turn_id;
+    captions.show(rec.turn_id, playing.offsetMs, false);
+    return;
+  }
+  rec = page.captionTurn ? page.turns.get(page.captionTurn) : null;
+  if (!rec) return;
+  if (rec.status === "done") captions.show(rec.turn_id, Infinity, false);
+  else if (rec.status === "cancelled" || rec.status === "failed" || rec.status === "ended") {
+    captions.show(rec.turn_id, rec.played_ms ?? captions.position ?? 0, true);
+  }
+  // still live but not heard this instant (a gap in the audio): leave it as it is
 }
 
 const scratch = new Float32Array(1024);
@@ -520,7 +902,7 @@ function scaled(x) {
   return x <= 1e-6 ? 0 : Math.max(0, Math.min(1, 1 + (20 * Math.log10(x)) / 60));
 }
 
-let lastPrune = 0;
+let lastSlow = 0;
 function tick(now) {
   const p = clock.at(now);
   page.playing = p;
@@ -532,14 +914,26 @@ function tick(now) {
   meter(ui.mouthMeter, page.mouthOpen);
   meter(ui.outputMeter, scaled(page.outputLevel));
   meter(ui.micMeter, scaled(page.micLevel));
-  if (now - lastPrune > 1000) {
-    clock.prune(now);
-    lastPrune = now;
+  renderCaptions(p);
+  renderBotState(now, p);
+  if (now - lastSlow > 250) {
+    lastSlow = now;
+    renderControls();
+    renderRetryMessage();
+    if (now - (tick.pruned || 0) > 1000) {
+      clock.prune(now);
+      tick.pruned = now;
+    }
     ui.buffered.textContent =
-      page.bufferedMs === null ? "–" : `${Math.round(page.bufferedMs)} ms${t && t.name === "WebRTC" ? " (jitter buffer)" : ""}`;
+      page.bufferedMs === null
+        ? "–"
+        : `${Math.round(page.bufferedMs)} ms${t && t.name === "WebRTC" ? " (held by the browser before it plays)" : ""}`;
     ui.lipsync.textContent = page.levelEvents
-      ? `${page.levelEvents} audio.levels events` + (page.syncEvents ? `, ${page.syncEvents} audio.sync` : "")
-      : "no audio.levels from the server yet";
+      ? `${page.levelEvents} loudness updates` + (page.syncEvents ? `, ${page.syncEvents} timing marks` : "")
+      : "none yet";
+    const fallback = page.fallback ? ` (WebRTC could not connect: ${page.fallback})` : "";
+    const again = page.reconnects ? `, reconnected ${page.reconnects}×` : "";
+    ui.connDetail.textContent = `${t ? t.name : "–"}${fallback}, ${page.connection}${again}`;
   }
   if (p) {
     const id = page.byNum.get(p.turn) ?? `turn ${p.turn}`;
@@ -554,13 +948,16 @@ function tick(now) {
 
 function publicTurn(rec) {
   if (!rec) return null;
-  const { turn_id, turn, voice, status, ttfa_ms, ttfaEstimated, reason, played_ms, played_source, sent_ms } = rec;
+  const { turn_id, turn, voice, status, text, ttfa_ms, ttfa_from, ttfaEstimated, reason, played_ms, played_source, sent_ms } =
+    rec;
   return {
     turn_id,
     turn,
     voice,
     status,
+    text,
     ttfa_ms,
+    ttfa_from,
     ttfa_estimated: !!ttfaEstimated,
     reason,
     played_ms,
@@ -570,19 +967,51 @@ function publicTurn(rec) {
 }
 
 window.voiceagentDemo = Object.freeze({
+  /** A small snapshot, cheap enough to take on every animation frame. */
+  sample() {
+    const p = page.playing;
+    const now = captions.box.querySelector(".now");
+    return {
+      mouthOpen: page.mouthOpen,
+      outputLevel: page.outputLevel,
+      playing: p ? { turn: p.turn, offsetMs: p.offsetMs } : null,
+      botState: page.botState,
+      botText: ui.botStateText.textContent,
+      connection: page.connection,
+      connectionText: ui.connection.textContent,
+      caption: { turn_id: captions.shown, marked: now ? captions.spans.indexOf(now) : -1, word: now ? now.textContent : null },
+    };
+  },
+
   /** A JSON snapshot of what the page shows; changing it changes nothing. */
   state() {
     const t = page.transport;
     return JSON.parse(
       JSON.stringify({
         transport: t ? t.name : null,
+        preferred: page.preferred,
         fallback: page.fallback,
         connection: page.connection,
+        connectionMessage: messages.conn ? messages.conn.text : null,
         sessionStarted: page.session !== null,
+        reconnects: page.reconnects,
+        retryInMs: page.retryAt === null ? null : Math.max(0, Math.round(page.retryAt - performance.now())),
+        botState: page.botState,
+        caption: captions.snapshot(),
         voices: page.voices,
         voice: page.voice,
         mic: page.mic,
+        micWanted: page.micWanted,
         bargeMode: ui.bargeMode.value,
+        devices: {
+          mics: devices.list.mics,
+          speakers: devices.list.speakers,
+          micDevice: page.micDevice,
+          micInUse: t && t.micDeviceId ? t.micDeviceId() : null,
+          speaker: page.speakerWanted,
+          speakerInUse: page.speakerInUse,
+          speakerSupported: t ? t.constructor.canPickSpeaker() : null,
+        },
         model: page.session ? page.session.model : null,
         limits: page.session ? page.session.limits : null,
         randomWeightsNotice: !ui.modelNotice.hidden,
@@ -598,8 +1027,10 @@ window.voiceagentDemo = Object.freeze({
         sent: page.sent,
         levelEvents: page.levelEvents,
         syncEvents: page.syncEvents,
-        errors: page.errors,
+        errors: messages.errors,
+        log: messages.log,
         barge: page.barge,
+        announcements: messages.announcements,
       }),
     );
   },
@@ -611,20 +1042,39 @@ ui.form.addEventListener("submit", (e) => {
   e.preventDefault();
   speak();
 });
-ui.cancel.addEventListener("click", cancelAll);
-ui.mic.addEventListener("click", toggleMic);
+ui.text.addEventListener("keydown", (e) => {
+  // Enter speaks, Shift+Enter is a new line (Ctrl/Cmd+Enter speaks too); not while an
+  // input method is composing a character
+  if (e.key !== "Enter" || e.shiftKey || e.isComposing || e.altKey) return;
+  e.preventDefault();
+  speak();
+});
+document.addEventListener("keydown", (e) => {
+  if (e.key !== "Escape" || e.defaultPrevented) return;
+  if (cancelAll()) e.preventDefault();
+});
+ui.cancel.addEventListener("click", () => {
+  if (!cancelAll()) announce("Nothing to stop.");
+});
+ui.mic.addEventListener("click", () => toggleMic());
 ui.voice.addEventListener("change", () => {
   page.voice = ui.voice.value;
-  if (page.transport) page.transport.send({ type: "session.update", voice: page.voice });
+  if (ready()) page.transport.send({ type: "session.update", voice: page.voice });
 });
 ui.bargeMode.addEventListener("change", () => {
   // only while the microphone is on: with it off, barge-in is off
-  if (page.mic && page.transport) {
+  if (page.mic && ready()) {
     page.transport.send({ type: "session.update", barge_in: { mode: ui.bargeMode.value } });
   }
 });
 ui.transportSelect.addEventListener("change", () => chooseTransport(ui.transportSelect.value));
-ui.reconnect.addEventListener("click", () => chooseTransport(ui.transportSelect.value));
+ui.reconnect.addEventListener("click", () => {
+  backoff.reset();
+  reconnectNow();
+});
+window.addEventListener("online", () => {
+  if (page.connection === "reconnecting") reconnectNow();
+});
 // Browsers start audio only after a user gesture: resume on the first one.
 document.addEventListener("pointerdown", () => page.transport && page.transport.resume());
 document.addEventListener("keydown", () => page.transport && page.transport.resume());
@@ -638,8 +1088,9 @@ if (!window.isSecureContext) {
 }
 
 const wanted = new URLSearchParams(location.search).get("transport");
-const kind = wanted === "ws" || wanted === "websocket" ? "ws" : "webrtc";
-ui.transportSelect.value = kind;
+page.preferred = wanted === "ws" || wanted === "websocket" ? "ws" : "webrtc";
+ui.transportSelect.value = page.preferred;
 renderMic();
-connect(kind, kind === "webrtc");
+devices.refresh();
+connect(page.preferred, page.preferred === "webrtc");
 requestAnimationFrame(tick);

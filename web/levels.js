@@ -11,6 +11,7 @@ export class LevelClock {
   constructor() {
     this.turns = new Map(); // turn number -> TurnTrack
     this.dropped = new Set(); // cancelled turns: late levels and anchors are ignored
+    this.ends = new Map(); // turn number -> when its last audio was heard (pruned turns)
   }
 
   track(turn) {
@@ -50,6 +51,12 @@ export class LevelClock {
     if (this.turns.has(turn)) this.turns.get(turn).endMs = sentMs;
   }
 
+  /** Whether any of the turn's audio has been anchored (it left the server, or plays). */
+  anchored(turn) {
+    const t = this.turns.get(turn);
+    return !!t && (t.anchors.length > 0 || t.lastAt > -Infinity);
+  }
+
   /** A cancelled turn: its pending levels and anchors are dropped at once. */
   drop(turn) {
     this.turns.delete(turn);
@@ -60,6 +67,17 @@ export class LevelClock {
   dropAll() {
     this.turns.clear();
     this.dropped.clear();
+    this.ends.clear();
+  }
+
+  /** When (performance.now() time) the turn's last audio is heard, as far as its latest
+   *  anchor tells; null while its length (turn.done) or any anchor is unknown. */
+  endAt(turn) {
+    const t = this.turns.get(turn);
+    if (!t) return this.ends.get(turn) ?? null;
+    if (t.endMs === null || t.anchors.length === 0) return null;
+    const a = t.anchors[t.anchors.length - 1];
+    return a.at + (t.endMs - a.offset);
   }
 
   /** What plays at `now`: {turn, offsetMs, level} or null when nothing does. */
@@ -100,7 +118,10 @@ export class LevelClock {
       if (t.anchors.length === 0) continue;
       const a = t.anchors[t.anchors.length - 1];
       const endAt = t.endMs === null ? Infinity : a.at + (t.endMs - a.offset);
-      if (now - Math.min(endAt, a.at + a.hold) > keepMs) this.turns.delete(turn);
+      if (now - Math.min(endAt, a.at + a.hold) > keepMs) {
+        if (Number.isFinite(endAt)) this.ends.set(turn, endAt);
+        this.turns.delete(turn);
+      }
     }
   }
 }

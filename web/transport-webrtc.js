@@ -4,7 +4,18 @@
 // The playback clock: the server sends `audio.sync` when a turn's frame at `offset_ms`
 // leaves its track; it plays about one jitter-buffer delay after it arrives here.
 
+// A live connection is declared lost when, for this long, no RTP packet has come in (the
+// server's track sends silence while idle, so packets always flow), or when the ICE
+// connection stays "disconnected" this long. A killed server otherwise shows "connected"
+// for 5-6 s, until ICE consent fails. `?stall_ms=` changes it.
+
+import { ConnectError, queryMs } from "./connection.js";
+import { micConstraints } from "./devices.js";
+
 const FALLBACK_JITTER_MS = 60;
+const OPEN_TIMEOUT_MS = 10000;
+const OFFER_TIMEOUT_MS = 10000;
+const RETRY_CODES = new Set(["server_draining", "too_many_sessions", "quota_exceeded", "rate_limited"]);
 
 function waitFor(predicate, target, eventName, timeoutMs, what) {
   if (predicate()) return Promise.resolve();
@@ -20,6 +31,35 @@ function waitFor(predicate, target, eventName, timeoutMs, what) {
       resolve();
     }
     target.addEventListener(eventName, check);
+  });
+}
+
+/** Resolves when the data channel opens; rejects when the connection fails first, or
+ *  after OPEN_TIMEOUT_MS (ICE blocked by a firewall never fails by itself that soon). */
+function opened(pc, channel) {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(
+      () => done(new Error(`the audio path did not open within ${OPEN_TIMEOUT_MS / 1000} s`)),
+      OPEN_TIMEOUT_MS,
+    );
+    function check() {
+      if (channel.readyState === "open") done(null);
+      else if (pc.connectionState === "failed" || channel.readyState === "closed") {
+        done(new Error("the audio path could not be set up"));
+      }
+    }
+    function done(err) {
+      clearTimeout(timer);
+      channel.removeEventListener("open", check);
+      channel.removeEventListener("close", check);
+      pc.removeEventListener("connectionstatechange", check);
+      if (err) reject(err);
+      else resolve();
+    }
+    channel.addEventListener("open", check);
+    channel.addEventListener("close", check);
+    pc.addEventListener("connectionstatechange", check);
+    check();
   });
 }
 
@@ -40,12 +80,29 @@ export class RtcTransport {
     this.lastStats = null;
     this.statsTimer = null;
     this.unmuteTimer = null;
+    this.holdMute = false; // muted since a cancel, until the next turn's audio is heard
+    this.cancelled = new Set(); // turns silenced: their late audio.sync unmutes nothing
     this.outGain = null; // mirrors the element's mute for the analyser
     this.closed = false;
+    this.live = false; // connect() finished: losses go to hooks.onLost
+    this.stallMs = queryMs("stall_ms", 2000);
+    this.packets = null; // {count, at}: RTP packets received, and when that last grew
+    this.disconnectTimer = null;
+  }
+
+  /** Whether this transport's output can be sent to a chosen speaker. */
+  static canPickSpeaker() {
+    return typeof HTMLMediaElement !== "undefined" && "setSinkId" in HTMLMediaElement.prototype;
+  }
+
+  lost(why) {
+    if (this.closed || !this.live) return;
+    this.live = false;
+    this.hooks.onLost({ why });
   }
 
   async connect() {
-    if (typeof RTCPeerConnection === "undefined") throw new Error("this browser has no WebRTC");
+    if (typeof RTCPeerConnection === "undefined") throw new ConnectError("unsupported", "this browser has no WebRTC");
     this.ctx = new AudioContext({ latencyHint: "interactive" });
     this.analyser = this.ctx.createAnalyser();
     this.analyser.fftSize = 1024;
@@ -57,14 +114,13 @@ export class RtcTransport {
     pc.ontrack = (e) => this.onTrack(e);
     pc.onconnectionstatechange = () => {
       const s = pc.connectionState;
-      if (!this.closed) this.hooks.onState(s === "new" ? "connecting" : s);
-      if (s === "failed" && !this.closed) this.hooks.onError("The WebRTC connection failed.");
+      if (s === "failed" || s === "closed") this.lost(s);
+      clearTimeout(this.disconnectTimer);
+      // "disconnected" may heal by itself; if it does not soon, the connection is gone
+      if (s === "disconnected") this.disconnectTimer = setTimeout(() => this.lost("disconnected"), this.stallMs);
     };
     channel.onmessage = (e) => this.onMessage(e.data);
-    channel.onclose = () => {
-      if (!this.closed) this.hooks.onState("closed");
-    };
-    this.hooks.onState("connecting");
+    channel.onclose = () => this.lost("closed");
 
     await pc.setLocalDescription(await pc.createOffer());
     await waitFor(() => pc.iceGatheringState === "complete", pc, "icegatheringstatechange", 5000, "ICE gathering did not finish").catch(
@@ -73,11 +129,21 @@ export class RtcTransport {
     const headers = { "content-type": "application/json" };
     const token = new URLSearchParams(location.search).get("token"); // auth on: docs/security.md
     if (token) headers.authorization = `Bearer ${token}`;
-    const response = await fetch("/v1/webrtc/offer", {
-      method: "POST",
-      headers,
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
-    });
+    let response;
+    const abort = new AbortController();
+    const timer = setTimeout(() => abort.abort(), OFFER_TIMEOUT_MS);
+    try {
+      response = await fetch("/v1/webrtc/offer", {
+        method: "POST",
+        headers,
+        body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer" }),
+        signal: abort.signal,
+      });
+    } catch (err) {
+      throw new ConnectError("unreachable", `the offer could not be sent (${err.message})`);
+    } finally {
+      clearTimeout(timer);
+    }
     let answer = null;
     try {
       answer = await response.json();
@@ -85,13 +151,21 @@ export class RtcTransport {
       // not JSON: reported below
     }
     if (!response.ok || !answer || answer.type !== "answer") {
+      const code = answer && typeof answer.code === "string" ? answer.code : null;
       const why = answer && answer.message ? answer.message : `HTTP ${response.status}`;
-      throw new Error(`the server refused the WebRTC offer: ${why}`);
+      if (RETRY_CODES.has(code)) throw new ConnectError("refused", why, code);
+      if (response.status === 401 || response.status === 403) throw new ConnectError("denied", why, code);
+      if (response.status === 502 || response.status === 504) throw new ConnectError("unreachable", why, code);
+      throw new ConnectError("path", `the server refused the WebRTC offer: ${why}`, code);
     }
-    await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
-    await waitFor(() => channel.readyState === "open", channel, "open", 10000, "the data channel did not open");
+    try {
+      await pc.setRemoteDescription({ type: "answer", sdp: answer.sdp });
+      await opened(pc, channel);
+    } catch (err) {
+      throw new ConnectError("path", err.message);
+    }
+    this.live = true;
     this.statsTimer = setInterval(() => this.pollStats(), 250);
-    this.hooks.onState("connected");
   }
 
   startSettings() {
@@ -123,7 +197,8 @@ export class RtcTransport {
     if (event.type === "audio.sync") {
       // This frame left the server's track now; it is heard after the jitter buffer.
       const at = performance.now() + this.delayMs();
-      if (this.unmuteTimer !== null) this.unmuteAt(at); // a new turn: heard unmuted
+      // a new turn after a cancel: heard unmuted
+      if (this.holdMute && !this.cancelled.has(event.turn)) this.unmuteAt(at);
       this.hooks.onAnchor(event.turn, event.offset_ms, at, Infinity);
     }
     this.hooks.onEvent(event);
@@ -145,8 +220,11 @@ export class RtcTransport {
     } catch {
       return;
     }
+    const now = performance.now();
     stats.forEach((r) => {
       if (r.type !== "inbound-rtp" || r.kind !== "audio") return;
+      const received = r.packetsReceived ?? 0;
+      if (!this.packets || received !== this.packets.count) this.packets = { count: received, at: now };
       const delay = r.jitterBufferDelay;
       const count = r.jitterBufferEmittedCount;
       if (!(count > 0)) return;
@@ -160,6 +238,9 @@ export class RtcTransport {
       this.lastStats = { delay, count };
       this.hooks.onBuffered(this.jitterMs);
     });
+    // the server's track sends a packet every 20 ms, silence included: none for a while
+    // means the server (or the path to it) is gone
+    if (this.packets && this.packets.count > 0 && now - this.packets.at > this.stallMs) this.lost("stall");
   }
 
   send(message) {
@@ -171,12 +252,32 @@ export class RtcTransport {
     if (this.audio.srcObject && this.audio.paused) await this.audio.play().catch(() => {});
   }
 
-  flushTurns() {
+  /** Play through the speaker with this deviceId ("" = the system's default); returns the
+   *  one in use. */
+  async setSpeaker(deviceId) {
+    if (!RtcTransport.canPickSpeaker()) return null;
+    if (this.audio.sinkId !== deviceId) await this.audio.setSinkId(deviceId);
+    return typeof this.audio.sinkId === "string" ? this.audio.sinkId : "";
+  }
+
+  /** The deviceId of the microphone in use, or null. */
+  micDeviceId() {
+    return this.mic ? this.mic.track.getSettings().deviceId ?? null : null;
+  }
+
+  /** Silence these turns at once. `audible`: some of their audio has left the server's
+   *  track (nothing to silence otherwise). */
+  flushTurns(turns, audible = true) {
     // The server drops the turn's queued frames from its track, but the jitter buffer
-    // still holds its tail (under load it grows past a second): mute the output until that
-    // has played out, so a cancel or barge-in is silent at once.
+    // still holds its tail (under load it grows past a second, more than the measured
+    // delay): mute the output until the next turn's first audio is heard (its audio.sync
+    // says when), so a cancel or barge-in is silent at once whatever the buffer holds.
+    for (const t of turns) this.cancelled.add(t);
+    if (!audible) return;
     this.setMuted(true);
-    this.unmuteAt(performance.now() + this.delayMs() + 20);
+    this.holdMute = true;
+    clearTimeout(this.unmuteTimer);
+    this.unmuteTimer = null;
   }
 
   setMuted(muted) {
@@ -188,18 +289,21 @@ export class RtcTransport {
     clearTimeout(this.unmuteTimer);
     this.unmuteTimer = setTimeout(() => {
       this.unmuteTimer = null;
+      this.holdMute = false;
       this.setMuted(false);
     }, Math.max(0, at - performance.now()));
   }
 
   /** Microphone on or off; while on, the person's speech barges in with `mode`
    *  (barge_in.mode: "cancel" or "duck"). */
-  async setMic(on, mode = "cancel") {
+  async setMic(on, mode = "cancel", deviceId = "") {
     if (on && !this.mic) {
       if (!navigator.mediaDevices) throw new Error("this page cannot reach a microphone (not a secure context)");
-      const stream = await navigator.mediaDevices.getUserMedia({
-        audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
-      });
+      const stream = await navigator.mediaDevices.getUserMedia({ audio: micConstraints(deviceId) });
+      if (this.closed) {
+        for (const t of stream.getTracks()) t.stop();
+        return;
+      }
       const track = stream.getAudioTracks()[0];
       await this.transceiver.sender.replaceTrack(track);
       const source = this.ctx.createMediaStreamSource(stream);
@@ -231,6 +335,7 @@ export class RtcTransport {
     this.closed = true;
     clearInterval(this.statsTimer);
     clearTimeout(this.unmuteTimer);
+    clearTimeout(this.disconnectTimer);
     this.stopMic();
     if (this.channel) this.channel.close();
     if (this.pc) this.pc.close();

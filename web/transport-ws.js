@@ -3,6 +3,9 @@
 // and played by an AudioWorklet ring (player-worklet.js) whose per-chunk reports give the
 // playback clock. The microphone goes up as 16 kHz PCM16 from mic-worklet.js.
 
+import { ConnectError } from "./connection.js";
+import { micConstraints } from "./devices.js";
+
 const HEADER_BYTES = 16;
 const RATE = 48000;
 const MIC_RATE = 16000;
@@ -44,8 +47,8 @@ export function wsUnsupported() {
 }
 
 export class WsTransport {
-  /** hooks: onEvent(event), onState(state), onAnchor(turn, offsetMs, atMs, holdMs),
-   *  onBuffered(ms), onError(text) */
+  /** hooks: onEvent(event), onLost({code, reason}) (once, when an open connection ends),
+   *  onAnchor(turn, offsetMs, atMs, holdMs), onBuffered(ms), onError(text) */
   constructor(hooks) {
     this.name = "WebSocket";
     this.hooks = hooks;
@@ -62,9 +65,14 @@ export class WsTransport {
     this.closed = false;
   }
 
+  /** Whether this transport's output can be sent to a chosen speaker. */
+  static canPickSpeaker() {
+    return typeof AudioContext !== "undefined" && "setSinkId" in AudioContext.prototype;
+  }
+
   async connect() {
     const why = wsUnsupported();
-    if (why) throw new Error(why);
+    if (why) throw new ConnectError("unsupported", why);
     const ctx = (this.ctx = new AudioContext({ sampleRate: RATE, latencyHint: "interactive" }));
     await ctx.audioWorklet.addModule(new URL("./player-worklet.js", import.meta.url));
     this.player = new AudioWorkletNode(ctx, "voiceagent-player", {
@@ -87,29 +95,37 @@ export class WsTransport {
     const query = token ? `?token=${encodeURIComponent(token)}` : "";
     const ws = (this.ws = new WebSocket(`${scheme}://${location.host}/v1/ws${query}`));
     ws.binaryType = "arraybuffer";
-    this.hooks.onState("connecting");
     await new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error("WebSocket did not open within 10 s")), 10000);
+      const timer = setTimeout(() => reject(new ConnectError("unreachable", "the WebSocket did not open within 10 s")), 10000);
       ws.onopen = () => {
         clearTimeout(timer);
         resolve();
       };
       ws.onerror = () => {
         clearTimeout(timer);
-        reject(new Error("WebSocket connection failed"));
+        // the browser does not say why (refused, unreachable, HTTP 401...)
+        reject(new ConnectError("unreachable", "the WebSocket could not open"));
       };
     });
     ws.onerror = null;
     ws.onmessage = (e) => {
-      if (typeof e.data === "string") this.hooks.onEvent(JSON.parse(e.data));
-      else this.onFrame(e.data);
+      if (typeof e.data !== "string") {
+        this.onFrame(e.data);
+        return;
+      }
+      let event;
+      try {
+        event = JSON.parse(e.data);
+      } catch {
+        this.hooks.onError("The server sent a control message that is not JSON.");
+        return;
+      }
+      this.hooks.onEvent(event);
     };
     ws.onclose = (e) => {
       if (this.closed) return;
-      this.hooks.onState("closed");
-      if (e.code !== 1000) this.hooks.onError(`The connection closed (code ${e.code}${e.reason ? `: ${e.reason}` : ""}).`);
+      this.hooks.onLost({ code: e.code, reason: e.reason || "" });
     };
-    this.hooks.onState("connected");
   }
 
   /** Settings that session.start needs on this transport. */
@@ -123,6 +139,21 @@ export class WsTransport {
 
   async resume() {
     if (this.ctx && this.ctx.state !== "running") await this.ctx.resume();
+  }
+
+  /** Play through the speaker with this deviceId ("" = the system's default); returns the
+   *  one in use. */
+  async setSpeaker(deviceId) {
+    if (!this.ctx || !WsTransport.canPickSpeaker()) return null;
+    if (this.ctx.sinkId !== deviceId) await this.ctx.setSinkId(deviceId);
+    return typeof this.ctx.sinkId === "string" ? this.ctx.sinkId : "";
+  }
+
+  /** The deviceId of the microphone in use, or null. */
+  micDeviceId() {
+    if (!this.mic) return null;
+    const track = this.mic.stream.getAudioTracks()[0];
+    return track ? track.getSettings().deviceId ?? null : null;
   }
 
   /** performance.now() time at which AudioContext time `t` is heard. */
@@ -214,13 +245,15 @@ export class WsTransport {
   }
 
   /** Microphone on or off; while on, the person's speech barges in with `mode`
-   *  (barge_in.mode: "cancel" or "duck"). */
-  async setMic(on, mode = "cancel") {
+   *  (barge_in.mode: "cancel" or "duck"). `deviceId`: which microphone ("" = default). */
+  async setMic(on, mode = "cancel", deviceId = "") {
     if (on && !this.mic) {
       if (!navigator.mediaDevices) throw new Error("this page cannot reach a microphone (not a secure context)");
-      const stream = await navigator.mediaDevices.getUserMedia({
-        audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 },
-      });
+      const stream = await navigator.mediaDevices.getUserMedia({ audio: micConstraints(deviceId) });
+      if (this.closed) {
+        for (const track of stream.getTracks()) track.stop();
+        return;
+      }
       const ctx = this.ctx;
       await ctx.audioWorklet.addModule(new URL("./mic-worklet.js", import.meta.url));
       const source = ctx.createMediaStreamSource(stream);
