@@ -468,18 +468,7 @@ class SessionCore:
         turn = self._turns.get(num)
         if turn is None:
             return []
-        words = [
-            {"word": w.word, "start_ms": w.start_ms, "end_ms": w.end_ms} for w in segment.words
-        ]
-        event = {
-            "type": "turn.words",
-            "turn_id": turn.turn_id,
-            "turn": num,
-            "text": segment.text,
-            "start_ms": round(segment.start_ms, 1),
-            "end_ms": round(segment.end_ms, 1),
-            "words": words,
-        }
+        event = {"type": "turn.words", "turn_id": turn.turn_id, "turn": num, **segment.to_json()}
         return [SendEvent(event)]
 
     def turn_done(self, num: int, timings: dict[str, Any]) -> list[Action]:

@@ -41,6 +41,12 @@ class SpokenSegment:
     def words(self) -> list[WordTime]:
         return word_times(self.text, self.start_ms, self.end_ms)
 
+    def to_json(self) -> dict[str, object]:
+        """As `turn.words` carries it (docs/protocol.md)."""
+        words = [{"word": w.word, "start_ms": w.start_ms, "end_ms": w.end_ms} for w in self.words]
+        span = {"start_ms": round(self.start_ms, 1), "end_ms": round(self.end_ms, 1)}
+        return {"text": self.text, **span, "words": words}
+
     @classmethod
     def of_tokens(cls, text: str, first: int, end: int, speed: float) -> SpokenSegment:
         """The segment spoken by speech tokens [first, end) of a turn at `speed`."""
