@@ -95,11 +95,12 @@ def test_captions_mark_each_word_as_it_is_heard(demo: Demo, transport: str) -> N
         i = x["marked"]
         assert x["dom"] == words[i], x  # the word marked on screen is the one the page names
         # ...and it is the word whose span holds the position heard at that moment (the
-        # mark stays put through a frame where the clock saw no audio: a short gap)
+        # mark stays put through a frame where the clock saw no audio, a short gap, and
+        # does not step back when the clock's next anchor lands a few ms behind)
         if x["offset"] is not None:
-            assert starts[i] <= x["offset"] < ends[i] + 1, (x, words[i])
+            assert starts[i] - 30 <= x["offset"] < ends[i] + 1, (x, words[i])
     order = [x["marked"] for x in marked]
-    assert order == sorted(order), "the mark went backwards"
+    assert order == sorted(order), f"the mark went backwards: {runs(order)}"
     missed = set(range(len(words))) - set(order)
     assert len(missed) <= 1, f"words never marked: {[words[i] for i in sorted(missed)]}"
 
