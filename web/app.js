@@ -358,13 +358,15 @@ function onLost(info) {
   clearTimers();
   stopStreaming();
   endLiveTurns(); // before the transport goes: what was heard of each is still known
+  page.generation += 1; // whatever the old transport still reports is ignored from now on
   page.session = null;
   page.mic = false;
   renderMic();
   t.close();
   clock.dropAll();
+  page.playing = null;
   if (wasUp) {
-    announce(`${text} Reconnecting.`, "alert");
+    announce(retry ? `${text} Reconnecting.` : text, "alert");
     addNote(`Connection lost: ${text}`);
   }
   if (retry) scheduleRetry(text);

@@ -93,6 +93,11 @@ export class Captions {
   /** Show `turnId` heard up to `positionMs` (Infinity: all of it; `ended`: it will not
    *  go on, e.g. it was cut off there). Returns the index of the word marked now. */
   show(turnId, positionMs, ended = false) {
+    // within a turn the position heard only moves on: the clock re-anchors on every
+    // audio chunk, and a few ms of jitter back at a word's edge must not flicker the mark
+    if (turnId === this.shown && !ended && this.position !== null && !this.ended) {
+      positionMs = Math.max(positionMs, this.position);
+    }
     this.render(turnId);
     this.box.classList.toggle("ended", ended);
     this.ended = ended;
