@@ -202,8 +202,12 @@ def test_a_queued_turn_counts_its_first_audio_from_when_it_could_start(
     demo.open(transport)
     first = speak(demo.page, SENTENCE)
     second = speak(demo.page, "Hi there.")  # queued behind the first
-    t2 = wait_turn(demo.page, second, ("done",))
-    t1 = demo.state()["turns"][first]
+    wait_turn(demo.page, second, ("done",))
+    # turn.done comes when its last audio is sent, maybe before its first is heard
+    demo.page.wait_for_function(
+        "(i) => window.voiceagentDemo.state().turns[i].ttfa_ms !== null", arg=second
+    )
+    t1, t2 = (demo.state()["turns"][i] for i in (first, second))
     assert t1["sent_ms"] > 2500
     assert t1["ttfa_from"] == "sent" and 0 < t1["ttfa_ms"] < 3000, t1
     # measured from when the first reply ended, not from when its text was sent (which
