@@ -27,7 +27,9 @@ from web_browser import (
     wait_turn,
 )
 
-from voiceagent.server.background import BackgroundServer
+from voiceagent.server.app import ServerConfig
+from voiceagent.server.background import BackgroundServer, free_port
+from voiceagent.session.playout import PlayoutConfig
 
 pytestmark = pytest.mark.skipif(
     chromium_path() is None, reason="chromium is not installed (apt-get install chromium)"
@@ -151,25 +153,63 @@ def test_the_bot_state_says_what_the_avatar_is_doing(demo: Demo) -> None:
     assert abs(speaking[0]["t"] - loud[0]["t"]) < 150
     assert abs(speaking[-1]["t"] - loud[-1]["t"]) < 500
 
-    # Stopped while it speaks: "interrupted" for a moment, then listening again.
-    index = speak(demo.page, LONG)
-    demo.page.wait_for_function("() => window.voiceagentDemo.state().botState === 'speaking'")
-    # every text the state shows, as it changes (not sampled: a busy machine may skip
-    # animation frames, not DOM changes)
+    # The next turn, sent the moment the last one went quiet: thinking until its own
+    # audio plays; stopped while it speaks: "interrupted" for a moment, then listening.
+    # Every text the state shows is kept as it changes (not sampled: a busy machine may
+    # skip animation frames, not DOM changes).
     demo.page.evaluate(
         "() => { window.__bot = []; const el = document.querySelector('#bot-state-text');"
         " new MutationObserver(() => window.__bot.push([performance.now(), el.textContent]))"
         ".observe(el, {childList: true, characterData: true, subtree: true}); }"
     )
+    index = speak(demo.page, LONG)
+    demo.page.wait_for_function(
+        "(i) => { const s = window.voiceagentDemo.state();"
+        " return s.botState === 'speaking' && s.turns[i].status === 'playing'; }",
+        arg=index,
+    )
     demo.page.click("#cancel")
     demo.page.wait_for_function(RESTING, timeout=5000)
     changes = demo.page.evaluate("window.__bot")
     texts = runs([text for _, text in changes])
+    assert texts[:2] == ["Thinking…", "Speaking"], texts
     assert texts[-2:] == ["Interrupted: stopped", "Listening"], texts
     start = next(t for t, text in changes if text == "Interrupted: stopped")
     end = next(t for t, text in changes if t > start and text != "Interrupted: stopped")
     assert 1900 < end - start < 3500, end - start  # for about 2 s
     assert demo.state()["turns"][index]["status"] == "cancelled"
+
+
+def test_stop_silences_a_turn_the_server_has_finished_but_the_page_still_plays(
+    browser: Any, tiny_model: Any
+) -> None:
+    # A server may send audio ahead of playback (here 4 s), so a turn can be done on the
+    # server while seconds of it are still to be heard. Stop must still stop it.
+    config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=4000))
+    with BackgroundServer(tiny_model, config) as server:
+        context = browser.new_context()
+        try:
+            demo = Demo(context.new_page(), server)
+            demo.open("ws")
+            index = speak(demo.page, LONG)
+            wait_turn(demo.page, index, ("done",))
+            demo.page.wait_for_function(
+                "() => window.voiceagentDemo.state().botState === 'speaking'"
+            )
+            s = demo.state()
+            assert s["turns"][index]["sent_ms"] - s["playing"]["offsetMs"] > 2000
+            assert demo.page.locator("#cancel").get_attribute("aria-disabled") == "false"
+            demo.page.click("#cancel")
+            demo.page.wait_for_function(
+                "() => { const s = window.voiceagentDemo.state();"
+                " return s.playing === null && s.botState === 'interrupted'; }",
+                timeout=1000,
+            )
+            assert demo.state()["turns"][index]["status"] == "cancelled"
+            demo.page.wait_for_function(RESTING, timeout=5000)
+            assert not demo.page_errors
+        finally:
+            context.close()
 
 
 def test_the_transcript_numbers_stay_readable_past_ten_turns(demo: Demo) -> None:

@@ -146,6 +146,7 @@ const page = {
   barge: [],
   botState: "connecting",
   speakingUntil: 0,
+  speakingTurn: null, // the turn whose audio last played
   interrupted: { until: 0, by: null },
   hearing: false, // the microphone hears speech (speech_started .. speech_stopped)
   ducked: false,
@@ -189,7 +190,7 @@ function renderControls() {
   // aria-disabled, not disabled: a focused control keeps its focus while the page
   // reconnects, and a press says why nothing happens
   for (const el of [ui.speak, ui.mic]) el.setAttribute("aria-disabled", String(!ok));
-  ui.cancel.setAttribute("aria-disabled", String(!ok || !anyLive()));
+  ui.cancel.setAttribute("aria-disabled", String(!ok || !stoppable(performance.now()).length));
 }
 
 function renderTransport() {
@@ -420,6 +421,14 @@ function recordOf(num) {
 function anyLive() {
   for (const r of page.turns.values()) if (LIVE.has(r.status)) return true;
   return false;
+}
+
+/** Turns Stop would end: live ones, and done ones the page still plays (the WebSocket
+ *  sends audio ahead of playback, so the server may be done seconds before the ear). */
+function stoppable(now) {
+  return [...page.turns.values()].filter(
+    (r) => LIVE.has(r.status) || (r.status === "done" && r.turn !== null && clock.pending(r.turn, now)),
+  );
 }
 
 function onEvent(e) {
@@ -737,10 +746,10 @@ function cancelAll() {
   const t = page.transport;
   const streaming = page.streamTimer !== null;
   stopStreaming();
-  const live = [...page.turns.values()].filter((r) => LIVE.has(r.status));
+  const now = performance.now();
+  const live = stoppable(now);
   if (!live.length && !streaming) return false;
   if (t && ready()) t.send({ type: "cancel" });
-  const now = performance.now();
   // the avatar was cut off if any of these had started to be heard
   const heard = live.some((r) => r.turn !== null && (r.ttfa_ms !== null || clock.playedMs(r.turn, now) > 0));
   silence(live.filter((r) => r.turn !== null).map((r) => r.turn));
@@ -850,14 +859,16 @@ const BOT_WORDS = {
 
 function botState(now, playing) {
   if (!ready()) return page.connection === "stopped" ? "offline" : "connecting";
-  const live = anyLive();
   if (playing) {
-    page.speakingUntil = now + 300; // bridges a short gap in the audio
+    page.speakingUntil = now + 300; // bridges a short gap in the audio...
+    page.speakingTurn = playing.turn;
     return "speaking";
   }
-  if (live && now < page.speakingUntil) return "speaking";
+  // ...of that turn alone: the next turn is "thinking" until its own audio plays
+  const last = page.speakingTurn === null ? null : recordOf(page.speakingTurn);
+  if (now < page.speakingUntil && last && LIVE.has(last.status)) return "speaking";
   if (now < page.interrupted.until) return "interrupted";
-  if (live) return "thinking";
+  if (anyLive()) return "thinking";
   return "listening";
 }
 

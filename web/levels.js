@@ -80,6 +80,15 @@ export class LevelClock {
     return a.at + (t.endMs - a.offset);
   }
 
+  /** Whether some of the turn's audio is still to be heard after `now`: it may still
+   *  arrive (length unknown), waits to start, or plays. */
+  pending(turn, now) {
+    const t = this.turns.get(turn);
+    if (!t) return false;
+    const end = this.endAt(turn);
+    return end === null ? t.endMs !== 0 : end > now;
+  }
+
   /** What plays at `now`: {turn, offsetMs, level} or null when nothing does. */
   at(now) {
     let best = null;
