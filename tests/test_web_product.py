@@ -61,6 +61,13 @@ RESTING = (
 )
 
 
+def late_frame_ms(samples: list[dict[str, Any]], t: float) -> float:
+    """How long before the sample at `t` the page's previous animation frame ran: a busy
+    machine skips frames, and what changed in between shows only at `t`."""
+    before = [x["t"] for x in samples if x["t"] < t]
+    return t - before[-1] if before else 0.0
+
+
 def runs(values: list[Any]) -> list[Any]:
     """Consecutive repeats collapsed: [a, a, b, a] -> [a, b, a]."""
     out: list[Any] = []
@@ -112,10 +119,12 @@ def test_captions_mark_each_word_as_it_is_heard(demo: Demo, transport: str) -> N
     # each mark is the word at the position heard (above).
     loud = audible(samples)
     words_at = caption["segments"][0]["at"]
-    assert abs(marked[0]["t"] - max(loud[0]["t"], words_at)) < 150, (
+    slack = 150 + late_frame_ms(samples, marked[0]["t"])
+    assert abs(marked[0]["t"] - max(loud[0]["t"], words_at)) < slack, (
         marked[0]["t"],
         loud[0]["t"],
         words_at,
+        slack,
     )
     assert abs(marked[-1]["t"] - loud[-1]["t"]) < 250, (marked[-1]["t"], loud[-1]["t"])
 
@@ -150,7 +159,8 @@ def test_the_bot_state_says_what_the_avatar_is_doing(demo: Demo) -> None:
     # "speaking" is when the audio is heard, not when it arrives
     loud = audible(samples)
     speaking = [x for x in samples if x["bot"] == "speaking"]
-    assert abs(speaking[0]["t"] - loud[0]["t"]) < 150
+    slack = 150 + max(late_frame_ms(samples, x["t"]) for x in (speaking[0], loud[0]))
+    assert abs(speaking[0]["t"] - loud[0]["t"]) < slack
     assert abs(speaking[-1]["t"] - loud[-1]["t"]) < 500
 
     # The next turn, sent the moment the last one went quiet: thinking until its own

@@ -418,17 +418,17 @@ function recordOf(num) {
   return id === undefined ? null : page.turns.get(id);
 }
 
-function anyLive() {
-  for (const r of page.turns.values()) if (LIVE.has(r.status)) return true;
-  return false;
+/** A turn the server is done with whose audio is still to be heard (the server sends
+ *  ahead of playback; a starved player falls further behind). Bounded by the turn's
+ *  length after turn.done, in case its audio never shows up. */
+function stillHeard(r, now) {
+  if (r.status !== "done" || r.turn === null || !clock.pending(r.turn, now)) return false;
+  return now - r.doneAt < (r.sent_ms ?? 0) + 5000;
 }
 
-/** Turns Stop would end: live ones, and done ones the page still plays (the WebSocket
- *  sends audio ahead of playback, so the server may be done seconds before the ear). */
+/** Turns Stop would end: live ones and ones still to be heard. */
 function stoppable(now) {
-  return [...page.turns.values()].filter(
-    (r) => LIVE.has(r.status) || (r.status === "done" && r.turn !== null && clock.pending(r.turn, now)),
-  );
+  return [...page.turns.values()].filter((r) => LIVE.has(r.status) || stillHeard(r, now));
 }
 
 function onEvent(e) {
@@ -866,9 +866,9 @@ function botState(now, playing) {
   }
   // ...of that turn alone: the next turn is "thinking" until its own audio plays
   const last = page.speakingTurn === null ? null : recordOf(page.speakingTurn);
-  if (now < page.speakingUntil && last && LIVE.has(last.status)) return "speaking";
+  if (now < page.speakingUntil && last && (LIVE.has(last.status) || stillHeard(last, now))) return "speaking";
   if (now < page.interrupted.until) return "interrupted";
-  if (anyLive()) return "thinking";
+  if (stoppable(now).length) return "thinking"; // (or its audio is late)
   return "listening";
 }
 
