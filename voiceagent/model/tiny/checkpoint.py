@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -135,6 +137,24 @@ def default_tiny_dir() -> Path:
 def ensure_tiny(directory: Path | None = None) -> Path:
     """Write the random-weight `tiny` checkpoint once; later runs load the same weights."""
     directory = directory or default_tiny_dir()
-    if not all((directory / f).is_file() for f in FILES):
-        save(build_random(), directory)
+
+    def complete() -> bool:
+        return all((directory / f).is_file() for f in FILES)
+
+    if complete():
+        return directory
+    # Written beside it and renamed into place: several processes (test workers, a
+    # server and a bench) may start at once on a fresh machine, and none may read a
+    # half-written file.
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}-", dir=directory.parent))
+    save(build_random(), staging)
+    try:
+        staging.rename(directory)
+    except OSError:
+        if complete():  # another process got there first, with the same weights
+            shutil.rmtree(staging, ignore_errors=True)
+        else:  # an incomplete copy left by a crash
+            shutil.rmtree(directory, ignore_errors=True)
+            staging.rename(directory)
     return directory
