@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..audio.framing import Framer
-from ..model.contract import State, Voice
+from ..model.contract import State, VocoderStage, Voice
 from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
 from ..ops.metrics import Metrics
@@ -51,6 +51,22 @@ class AcousticStream:
     stretcher: MelStretcher
     framer: Framer | None
     closed: bool = False
+    # The turn's vocoder if not the model's: the same weights with another hold-back
+    # (`VocoderStage.variant`); chunks of different vocoders never share a batch.
+    vocoder: VocoderStage | None = None
+
+
+@dataclass
+class ChunkTimes:
+    """When one chunk passed each point (time.monotonic; 0.0: not reached). A handful of
+    clock reads per chunk, always taken: the first-packet benchmark reads them."""
+
+    queued: float  # handed to the worker (event loop)
+    flow_start: float = 0.0
+    flow_end: float = 0.0  # mel ready, stretched
+    vocoder_start: float = 0.0
+    vocoder_end: float = 0.0  # PCM ready
+    framed: float = 0.0  # resampled and cut into frames
 
 
 @dataclass
@@ -60,6 +76,7 @@ class ChunkResult:
     # sender encodes each one when it is due, so a gain change is applied at once.
     frames: list[np.ndarray]
     compute_ms: float
+    times: ChunkTimes | None = None
 
 
 @dataclass
@@ -70,6 +87,7 @@ class _Job:
     done: Callable[[ChunkResult | BaseException], None]
     mel: torch.Tensor | None = field(default=None)
     t0: float = field(default_factory=time.perf_counter)
+    times: ChunkTimes = field(default_factory=lambda: ChunkTimes(time.monotonic()))
 
 
 class AcousticWorker:
@@ -84,6 +102,7 @@ class AcousticWorker:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._primed_states: dict[str, tuple[Voice, State]] = {}
+        self._vocoders: dict[tuple[int, int], VocoderStage] = {}
         if batching not in ACOUSTIC_BATCHING:
             raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
         self.batching = batching
@@ -101,9 +120,24 @@ class AcousticWorker:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def new_stream(self, voice: Voice, speed: float, framer: Framer | None) -> AcousticStream:
-        """A turn's acoustic state; the flow state is primed on the worker thread."""
-        return AcousticStream(voice, None, None, MelStretcher(speed), framer)
+    def new_stream(
+        self,
+        voice: Voice,
+        speed: float,
+        framer: Framer | None,
+        hold_back: int | None = None,
+        crossfade: int = 0,
+    ) -> AcousticStream:
+        """A turn's acoustic state; the flow state is primed on the worker thread.
+        `hold_back`: mel frames the vocoder holds back for right context (None: the
+        model's own, exact; fewer: approximate, see `VocoderStage.variant`)."""
+        vocoder = None
+        if hold_back is not None:
+            vocoder = self._vocoders.get((hold_back, crossfade))
+            if vocoder is None:
+                vocoder = self.model.vocoder.variant(hold_back, crossfade)
+                self._vocoders[(hold_back, crossfade)] = vocoder
+        return AcousticStream(voice, None, None, MelStretcher(speed), framer, vocoder=vocoder)
 
     def _primed(self, voice: Voice) -> State:
         """The flow state after the voice's prompt: computed once per voice (it can cost
@@ -184,21 +218,25 @@ class AcousticWorker:
 
     def _stages(self, jobs: list[_Job]) -> None:
         t0 = time.perf_counter()
+        _stamp(jobs, "flow_start")
         jobs = self._stage(jobs, lambda j: len(j.tokens), self._flow, self._flow_commit)
+        _stamp(jobs, "flow_end")
         t1 = time.perf_counter()
         self.metrics.chunk_seconds.labels("flow").observe(t1 - t0)
         if not jobs:
             return
-        voc = self.model.vocoder
-        self._stage(
-            jobs,
-            lambda j: voc.batch_key(
-                j.stream.vocoder_state, j.mel.shape[1] if j.mel is not None else 0, j.final
-            ),
-            self._vocoder,
-            self._vocoder_commit,
-        )
+
+        def key(j: _Job) -> object:
+            voc = self._vocoder_of(j)
+            frames = j.mel.shape[1] if j.mel is not None else 0
+            return (id(voc), voc.batch_key(j.stream.vocoder_state, frames, j.final))
+
+        _stamp(jobs, "vocoder_start")
+        self._stage(jobs, key, self._vocoder, self._vocoder_commit)
         self.metrics.chunk_seconds.labels("vocoder").observe(time.perf_counter() - t1)
+
+    def _vocoder_of(self, job: _Job) -> VocoderStage:
+        return job.stream.vocoder or self.model.vocoder
 
     def _stage(
         self,
@@ -267,7 +305,7 @@ class AcousticWorker:
 
     def _vocoder(self, group: list[_Job]) -> list[_Out]:
         """PCM and the new vocoder state of each job."""
-        voc = self.model.vocoder
+        voc = self._vocoder_of(group[0])
         mels = [j.mel for j in group if j.mel is not None]
         vstates = [j.stream.vocoder_state or voc.initial_state() for j in group]
         state = vstates[0] if len(group) == 1 else voc.cat_states(vstates)
@@ -283,12 +321,21 @@ class AcousticWorker:
         self._finish(job, pcm.cpu().numpy().copy())
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
+        job.times.vocoder_end = time.monotonic()
         frames: list[np.ndarray] = []
         if job.stream.framer is not None:
             frames = job.stream.framer.frames(audio)
             if job.final:
                 frames += job.stream.framer.flush()
-        job.done(ChunkResult(audio, frames, (time.perf_counter() - job.t0) * 1000))
+        job.times.framed = time.monotonic()
+        ms = (time.perf_counter() - job.t0) * 1000
+        job.done(ChunkResult(audio, frames, ms, job.times))
+
+
+def _stamp(jobs: list[_Job], point: str) -> None:
+    now = time.monotonic()
+    for j in jobs:
+        setattr(j.times, point, now)
 
 
 def _group(jobs: list[_Job], key: Callable[[_Job], object]) -> list[list[_Job]]:

@@ -50,16 +50,18 @@ class EmbeddedEngine:
         lm: LMBackend | None = None,
         metrics: Metrics | None = None,
         acoustic_batching: AcousticBatching = "invariant",
+        prefix_cache: bool = True,
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
         turn's chunks alone (audio bit-identical whatever runs beside it), "batched" runs
-        chunks of several turns as one batch (see engine/acoustic.py)."""
+        chunks of several turns as one batch (see engine/acoustic.py). `prefix_cache`:
+        the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py)."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model
         self.metrics = metrics or Metrics()
-        self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch)
+        self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch, prefix_cache=prefix_cache)
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
         self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching)

@@ -26,6 +26,7 @@ from ..model.lm import KVPool
 from ..model.sampling import SamplingParams, sample_token
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
+from .lm_prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class TokenStream:
         self.cached_tokens = 0
         self.fed = 0  # tokens produced (written by the engine thread only)
         self.taken = 0  # tokens the turn has read (written by the event loop only)
+        self.submitted = time.monotonic()
+        self.first_token_at: float | None = None  # when the first token was produced
 
     @property
     def backlog(self) -> int:
@@ -59,6 +62,8 @@ class TokenStream:
     # called from the engine thread
     def feed(self, item: list[int] | BaseException | None) -> None:
         if isinstance(item, list):
+            if not self.fed:
+                self.first_token_at = time.monotonic()
             self.fed += len(item)
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
@@ -88,6 +93,7 @@ class TokenStream:
 class _Request:
     text_ids: list[int]  # prompt text + target text
     speech_ids: list[int]  # the voice's prompt speech tokens
+    prefix: tuple[int, ...]  # the voice's prompt text (the start of text_ids)
     params: SamplingParams
     min_len: int
     max_len: int
@@ -113,8 +119,12 @@ class EmbeddedLM:
         max_batch: int = 16,
         max_len: int = 2048,
         max_backlog: int = MAX_BACKLOG,
+        prefix_cache: bool = True,
     ) -> None:
+        """`prefix_cache`: keep each voice's `[sos, prompt text]` keys/values and start
+        later prefills after them (lm_prefix.py); False prefills every prompt whole."""
         self.model = model
+        self.prefix_cache = PrefixCache() if prefix_cache else None
         self.max_backlog = max_backlog
         self._all_paused = False
         self.max_batch = max_batch
@@ -166,7 +176,8 @@ class EmbeddedLM:
         req: _Request
         stream = TokenStream(loop, lambda: setattr(req, "cancelled", True))
         stream.prompt_tokens = prompt_len
-        req = _Request(prompt_ids, speech_ids, params, min_len, max_len, stream, gen)
+        prefix = tuple(voice.lm_text_ids)
+        req = _Request(prompt_ids, speech_ids, prefix, params, min_len, max_len, stream, gen)
         self._incoming.put(req)
         return stream
 
@@ -205,9 +216,16 @@ class EmbeddedLM:
             self._active.append(req)
             self.metrics.lm_wait.observe(time.monotonic() - req.queued)
             try:
-                prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
-                logits = self.model.lm.forward_embeds(
-                    prompt, self._pool, self._ids([req.slot]), self._ids([0])
+                lm = self.model.lm
+                prompt = lm.prompt_embeds(req.text_ids, req.speech_ids)
+                start = 0
+                if self.prefix_cache is not None and req.prefix:
+                    start, hit = self.prefix_cache.fill(
+                        lm, req.prefix, prompt, self._pool, req.slot
+                    )
+                    req.stream.cached_tokens = start if hit else 0
+                logits = lm.forward_embeds(
+                    prompt[:, start:], self._pool, self._ids([req.slot]), self._ids([start])
                 )
                 req.length = prompt.shape[1]
                 self._emit(req, logits[0].float().cpu())

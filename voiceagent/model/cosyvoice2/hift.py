@@ -21,6 +21,7 @@ The configuration and the receptive field it implies are in hift_config.py.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from typing import cast
@@ -155,13 +156,23 @@ class HiFT(VocoderStage):
         self.register_buffer("window", hann.float(), persistent=False)
 
         self.left_context, self.exact_hold_back = receptive_field(cfg)
+        self.samples_per_frame = cfg.samples_per_frame
+        self._set_hold_back(hold_back, crossfade)
+
+    def _set_hold_back(self, hold_back: int | None, crossfade: int) -> None:
         self.hold_back = self.exact_hold_back if hold_back is None else hold_back
         if not 0 <= self.hold_back <= self.exact_hold_back:
             raise ValueError(f"hold_back must be in [0, {self.exact_hold_back}]")
         # A shorter hold-back crossfades the seams over `crossfade` of the held frames.
         exact = self.hold_back == self.exact_hold_back
         self.crossfade = 0 if exact else min(crossfade, self.hold_back)
-        self.samples_per_frame = cfg.samples_per_frame
+
+    def variant(self, hold_back: int, crossfade: int = 0) -> HiFT:
+        """The same vocoder (shared weights and buffers) with another hold-back; the
+        exact one if `hold_back` is at least the receptive field."""
+        other = copy.copy(self)  # shallow: parameters and buffers are the same tensors
+        other._set_hold_back(min(hold_back, self.exact_hold_back), crossfade)
+        return other
 
     # -- streaming -----------------------------------------------------------------------
 

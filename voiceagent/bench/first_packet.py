@@ -1,0 +1,320 @@
+"""`voiceagent bench --scenario first-packet`: where the time to the first packet goes.
+
+A turn runs through the real engine (`EmbeddedEngine` + `Turn`, Opus 48 kHz frames) and
+its first 20 ms packet is encoded and written to a local socket; the turn is then
+dropped. Its time to first audio (TTFA: turn created -> first packet sent) is cut into
+consecutive slices on its critical path, from the monotonic timestamps the turn, the LM
+thread and the acoustic worker keep anyway (`TurnStats`, `ChunkTimes`):
+
+  text_frontend          turn created -> LM request handed over (segmenter, text
+                         normalization, tokenizer)
+  lm_prefill             -> first speech token (LM queue + prompt prefill + sampling)
+  tokens_to_first_chunk  -> the first chunk's tokens (+ lookahead) handed to the worker
+  flow_chunk1            -> its mel (worker queue + flow)
+  vocoder_hold_back      -> the vocoder starts on the chunk that yields the first audio:
+                         ~0 when chunk 1 does; with HiFT's exact 400 ms hold-back it is
+                         chunk 2's tokens, flow and chunk 1's silent vocoder pass
+  vocoder                -> that chunk's PCM
+  resample_encode        24 -> 48 kHz and framing (worker), Opus encode of the packet
+  send                   worker -> event loop -> consumer, and the socket write
+
+The slices add up to the TTFA of each turn. Two modes run in one process, turns
+interleaved: `baseline` (exact hold-back, no LM prefix cache, float32) and `optimized`
+(see `Mode`). Also measured apart: the LM prefill of the same prompt with and without
+the voice's prefix cached, and the flow's attention-cache bytes per token of a turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..audio.codecs import OpusEncoder
+from ..engine.embedded import EmbeddedEngine
+from ..engine.lm_prefix import PrefixCache
+from ..model.contract import PAD_TOKEN, State, Voice
+from ..model.lm import KVPool
+from ..model.sampling import SamplingParams
+from ..model.speech_model import SpeechModel
+from ..pipeline.turn import ChunkSchedule, FrameFormat, Turn, TurnSettings, TurnStats
+from ..text.normalize import normalize
+from ..text.timing import SpokenSegment
+
+# The first segment is cut at the comma (a clause mark after >= 12 characters).
+TEXT = "Thanks for calling, your order shipped this morning and arrives on Thursday."
+SLICES = (
+    "text_frontend",
+    "lm_prefill",
+    "tokens_to_first_chunk",
+    "flow_chunk1",
+    "vocoder_hold_back",
+    "vocoder",
+    "resample_encode",
+    "send",
+)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a turn runs with. `hold_back`: HiFT's hold-back in mel frames (None: exact)."""
+
+    prefix_cache: bool
+    hold_back: int | None
+    crossfade: int
+    schedule: tuple[int, ...] = (4, 8, 16, 25)
+
+
+BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
+OPTIMIZED = Mode(prefix_cache=True, hold_back=4, crossfade=0)
+
+
+@dataclass
+class _Packet:
+    """The consumer's side of the first packet."""
+
+    got: float  # the frame reached the consumer
+    encoded: float
+    sent: float
+
+
+async def _first_packet(
+    engine: EmbeddedEngine, voice: Voice, mode: Mode, seed: int
+) -> tuple[TurnStats, _Packet]:
+    encoder = OpusEncoder()
+    settings = TurnSettings(
+        voice,
+        SamplingParams(seed=seed),
+        frames=FrameFormat(encoder.sample_rate, encoder.tail_samples),
+        hold_back=mode.hold_back,
+        crossfade=mode.crossfade,
+    )
+
+    async def spoken(_: SpokenSegment) -> None:
+        return None
+
+    turn = Turn("first-packet", settings, engine, ChunkSchedule(mode.schedule), on_spoken=spoken)
+    turn.push_text(TEXT)
+    turn.end_text()
+    turn.start()
+    a, b = socket.socketpair()
+    try:
+        item = await turn.output.get()
+        got = time.monotonic()
+        if not isinstance(item, np.ndarray):
+            raise RuntimeError(f"the turn ended without audio: {item!r}")
+        packet = encoder.encode(item)
+        encoded = time.monotonic()
+        a.send(packet)
+        sent = _Packet(got, encoded, time.monotonic())
+        b.recv(4096)
+    finally:
+        a.close()
+        b.close()
+        turn.close()
+        await turn.wait()
+    await _idle(engine)
+    return turn.stats, sent
+
+
+async def _idle(engine: EmbeddedEngine) -> None:
+    """Wait until the dropped turn's work is gone: a no-op job behind it on the acoustic
+    worker, and no LM request left."""
+    voice = next(iter(engine.model.voices.values()))
+    stream = engine.acoustic.new_stream(voice, 1.0, None)
+    await engine.acoustic.synthesize(stream, [PAD_TOKEN] * engine.model.pre_lookahead, True)
+    while engine.lm.load:
+        await asyncio.sleep(0.005)
+
+
+def slices(st: TurnStats, p: _Packet) -> dict[str, float]:
+    """The TTFA slices of a turn that delivered its first packet `p`, in ms."""
+    c0, ca = st.first_chunk, st.first_audible
+    if c0 is None or ca is None or st.lm_submitted is None or st.first_token is None:
+        raise RuntimeError("the turn has no first packet")
+    spans = {
+        "text_frontend": st.lm_submitted - st.created,
+        "lm_prefill": st.first_token - st.lm_submitted,
+        "tokens_to_first_chunk": c0.queued - st.first_token,
+        "flow_chunk1": c0.flow_end - c0.queued,
+        "vocoder_hold_back": ca.vocoder_start - c0.flow_end,
+        "vocoder": ca.vocoder_end - ca.vocoder_start,
+        "resample_encode": (ca.framed - ca.vocoder_end) + (p.encoded - p.got),
+        "send": (p.got - ca.framed) + (p.sent - p.encoded),
+    }
+    return {**{k: v * 1000 for k, v in spans.items()}, "chunks": st.first_audible_chunk}
+
+
+def state_bytes(state: State) -> int:
+    return sum(v.nbytes for v in state.values())
+
+
+@torch.inference_mode()
+def flow_cache_bytes_per_token(model: SpeechModel, voice: Voice, tokens: int = 20) -> float:
+    """Growth of the flow's per-turn state per speech token (its attention caches)."""
+    look = model.pre_lookahead
+    state = model.flow.initial_state(voice)
+    ids = torch.tensor([[0] * tokens + [PAD_TOKEN] * look], device=model.device)
+    spk = voice.embedding[None].to(model.device)
+    _, after = model.flow.forward_chunk(ids, spk, state)
+    return (state_bytes(after) - state_bytes(state)) / tokens
+
+
+@torch.inference_mode()
+def prefill_ms(model: SpeechModel, voice: Voice, repeats: int = 3) -> dict[str, Any]:
+    """The first segment's LM prefill, whole and after the voice's cached prefix."""
+    lm = model.lm
+    text_ids = list(voice.lm_text_ids) + model.tokenizer.encode(normalize(TEXT.split(",")[0]))
+    prompt = lm.prompt_embeds(text_ids, list(voice.lm_speech_tokens))
+    pool = KVPool(lm.cfg, 1, prompt.shape[1], model.device)
+    slot = torch.tensor([0], device=model.device)
+    cache = PrefixCache()
+    cache.fill(lm, tuple(voice.lm_text_ids), prompt, pool, 0)
+    times: dict[str, list[float]] = {"uncached": [], "cached": []}
+    for _ in range(repeats):
+        for label in times:
+            t0 = time.perf_counter()
+            start = (
+                cache.fill(lm, tuple(voice.lm_text_ids), prompt, pool, 0)[0]
+                if label == "cached"
+                else 0
+            )
+            lm.forward_embeds(prompt[:, start:], pool, slot, torch.tensor([start]))
+            times[label].append((time.perf_counter() - t0) * 1000)
+    return {
+        "prompt_positions": prompt.shape[1],
+        "cached_positions": len(voice.lm_text_ids) + 1,
+        **{f"{k}_ms_p50": round(statistics.median(v), 1) for k, v in times.items()},
+    }
+
+
+@torch.inference_mode()
+def hold_back_error(
+    model: SpeechModel, voice: Voice, mode: Mode, tokens: int = 60
+) -> dict[str, float]:
+    """The vocoder's streamed audio with `mode`'s hold-back against the exact stream, on
+    the flow's mel of `tokens` random tokens cut as `mode.schedule` cuts a turn: the
+    largest sample error, over the whole turn and over the first chunk's audio, and the
+    error's RMS relative to the audio's (PCM in [-1, 1])."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 6561, (1, tokens), generator=gen).tolist()[0]
+    ids += [PAD_TOKEN] * model.pre_lookahead
+    spk = voice.embedding[None].to(model.device)
+    mel, _ = model.flow.forward_chunk(
+        torch.tensor([ids], device=model.device), spk, model.flow.initial_state(voice)
+    )
+    sizes = [2 * n for n in mode.schedule]
+
+    def stream(vocoder: Any) -> torch.Tensor:
+        state, out, done, i = vocoder.initial_state(), [], 0, 0
+        while done < mel.shape[2]:
+            n = min(sizes[min(i, len(sizes) - 1)], mel.shape[2] - done)
+            pcm, state = vocoder.forward_chunk(
+                mel[:, :, done : done + n], state, done + n == mel.shape[2]
+            )
+            out.append(pcm)
+            done, i = done + n, i + 1
+        return torch.cat(out, 1)[0]
+
+    exact = stream(model.vocoder)
+    approx = (
+        stream(model.vocoder.variant(mode.hold_back, mode.crossfade))
+        if mode.hold_back is not None
+        else exact
+    )
+    err = (approx - exact).abs()
+    first = err[: sizes[0] * 480]
+    return {
+        "max_abs": float(err.max()),
+        "first_chunk_max_abs": float(first.max()),
+        "rel_rms": float(err.pow(2).mean().sqrt() / exact.pow(2).mean().sqrt().clamp(min=1e-12)),
+    }
+
+
+def _summary(turns: list[dict[str, float]], first_ttfa: float) -> dict[str, Any]:
+    return {
+        "turns": len(turns),
+        "ttfa_ms_p50": round(statistics.median(t["ttfa"] for t in turns), 1),
+        "ttfa_ms_first": round(first_ttfa, 1),
+        "slices_ms": {s: round(statistics.median(t[s] for t in turns), 1) for s in SLICES},
+        # chunks the flow ran before the first audio (the exact hold-back needs two)
+        "chunks_to_first_audio": statistics.median(t["chunks"] for t in turns),
+    }
+
+
+def measure(
+    model: SpeechModel, turns: int = 5, modes: dict[str, Mode] | None = None
+) -> dict[str, Any]:
+    """`turns` measured turns per mode, interleaved, after each mode's first turn (which
+    also primes the voice's flow state on its engine; reported as `ttfa_ms_first`)."""
+    modes = modes or {"baseline": BASELINE, "optimized": OPTIMIZED}
+    voice = next(iter(model.voices.values()))
+    engines = {
+        name: EmbeddedEngine(model, 1, prefix_cache=m.prefix_cache) for name, m in modes.items()
+    }
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
+    first: dict[str, float] = {}
+
+    async def run() -> None:
+        for i in range(turns + 1):
+            for name, mode in modes.items():
+                row = slices(*await _first_packet(engines[name], voice, mode, seed=1))
+                row["ttfa"] = sum(row[s] for s in SLICES)
+                if i == 0:
+                    first[name] = row["ttfa"]
+                else:
+                    rows[name].append(row)
+
+    for e in engines.values():
+        e.start()
+    try:
+        asyncio.run(run())
+    finally:
+        for e in engines.values():
+            e.stop()
+    cache_bytes = flow_cache_bytes_per_token(model, voice)
+    report: dict[str, Any] = {"model": model.name, "text": TEXT, "voice": voice.name}
+    for name, mode in modes.items():
+        report[name] = {
+            **_summary(rows[name], first[name]),
+            "flow_cache_bytes_per_token": round(cache_bytes),
+            "vocoder_error": {
+                k: round(v, 6) for k, v in hold_back_error(model, voice, mode).items()
+            },
+            "mode": asdict(mode),
+        }
+    report["lm_prefill"] = prefill_ms(model, voice)
+    report["threads"] = torch.get_num_threads()
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    names = [k for k in report if isinstance(report[k], dict) and "slices_ms" in report[k]]
+    lines = [
+        f"first packet ({report['model']}, voice {report['voice']}), ms, p50 of "
+        f"{report[names[0]]['turns']} turns",
+        f"{'slice':<24}" + "".join(f"{n:>12}" for n in names),
+    ]
+    for s in SLICES:
+        lines.append(f"{s:<24}" + "".join(f"{report[n]['slices_ms'][s]:>12}" for n in names))
+    for key in ("ttfa_ms_p50", "ttfa_ms_first", "flow_cache_bytes_per_token"):
+        lines.append(f"{key:<24}" + "".join(f"{report[n][key]:>12}" for n in names))
+    for n in names:
+        e = report[n]["vocoder_error"]
+        lines.append(
+            f"{n}: hold-back {report[n]['mode']['hold_back']} frames, audio error vs exact: "
+            f"max {e['max_abs']}, first chunk max {e['first_chunk_max_abs']}, "
+            f"relative RMS {e['rel_rms']}"
+        )
+    pf = report["lm_prefill"]
+    lines.append(
+        f"LM prefill of {pf['prompt_positions']} positions: {pf['uncached_ms_p50']} ms; "
+        f"after {pf['cached_positions']} cached: {pf['cached_ms_p50']} ms"
+    )
+    return "\n".join(lines)
