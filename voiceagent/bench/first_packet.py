@@ -237,6 +237,45 @@ def hold_back_error(
     }
 
 
+@torch.inference_mode()
+def grid_deviation(
+    model: SpeechModel, voice: Voice, schedule: tuple[int, ...], tokens: int = 60
+) -> dict[str, float] | None:
+    """The flow's streamed mel with `schedule` against the released streaming grid (one
+    pass with the static 25-token chunk mask from the first prompt token), on `tokens`
+    random tokens: the largest difference and the RMS of the difference relative to the
+    mel's own RMS around its mean (log-mel). None for a flow without that offline pass."""
+    flow: Any = model.flow
+    if not hasattr(flow, "synthesize") or voice.prompt_mel is None:
+        return None
+    look, dev = model.pre_lookahead, model.device
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 6561, (tokens,), generator=gen).tolist()
+    padded = ids + [PAD_TOKEN] * look
+    spk = voice.embedding[None].to(dev)
+    state, mels, done, i = flow.initial_state(voice), [], 0, 0
+    while done < tokens:
+        n = min(schedule[min(i, len(schedule) - 1)], tokens - done)
+        chunk = torch.tensor([padded[done : done + n + look]], device=dev)
+        mel, state = flow.forward_chunk(chunk, spk, state)
+        mels.append(mel)
+        done, i = done + n, i + 1
+    streamed = torch.cat(mels, 2)
+    grid = flow.synthesize(
+        torch.tensor([ids], device=dev),
+        torch.tensor([voice.prompt_tokens], device=dev),
+        voice.prompt_mel[None].to(dev),
+        spk,
+        blocks=flow.cfg.static_chunk_size,
+    )
+    diff = streamed - grid
+    spread = (grid - grid.mean()).pow(2).mean().sqrt().clamp(min=1e-12)
+    return {
+        "max_abs": round(float(diff.abs().max()), 5),
+        "rel_rms": round(float(diff.pow(2).mean().sqrt() / spread), 5),
+    }
+
+
 def _summary(turns: list[dict[str, float]], first_ttfa: float) -> dict[str, Any]:
     return {
         "turns": len(turns),
@@ -287,6 +326,7 @@ def measure(
             "vocoder_error": {
                 k: round(v, 6) for k, v in hold_back_error(model, voice, mode).items()
             },
+            "mel_vs_reference_grid": grid_deviation(model, voice, mode.schedule),
             "mode": asdict(mode),
         }
     report["lm_prefill"] = prefill_ms(model, voice)
@@ -312,6 +352,13 @@ def table(report: dict[str, Any]) -> str:
             f"max {e['max_abs']}, first chunk max {e['first_chunk_max_abs']}, "
             f"relative RMS {e['rel_rms']}"
         )
+    for n in names:
+        g = report[n]["mel_vs_reference_grid"]
+        if g is not None:
+            lines.append(
+                f"{n}: chunks {report[n]['mode']['schedule']}, mel vs the 25-token reference "
+                f"grid: max {g['max_abs']}, relative RMS {g['rel_rms']}"
+            )
     pf = report["lm_prefill"]
     lines.append(
         f"LM prefill of {pf['prompt_positions']} positions: {pf['uncached_ms_p50']} ms; "

@@ -51,6 +51,7 @@ class AcousticStream:
     stretcher: MelStretcher
     framer: Framer | None
     closed: bool = False
+    audible: bool = False  # a chunk of this turn has yielded audio
     # The turn's vocoder if not the model's: the same weights with another hold-back
     # (`VocoderStage.variant`); chunks of different vocoders never share a batch.
     vocoder: VocoderStage | None = None
@@ -198,6 +199,9 @@ class AcousticWorker:
             for j in jobs:
                 self.metrics.acoustic_wait.observe(now - j.t0)
             jobs = [j for j in jobs if not j.stream.closed]  # dropped turns cost nothing
+            # The critical path first: chunks of turns that have no audio out yet run
+            # before the rest (a stable sort keeps each turn's chunks in order).
+            jobs.sort(key=lambda j: j.stream.audible)
             try:
                 with torch.inference_mode():
                     self._process(jobs)
@@ -318,6 +322,7 @@ class AcousticWorker:
     def _vocoder_commit(self, job: _Job, out: _Out) -> None:
         state, pcm = out
         job.stream.vocoder_state = state
+        job.stream.audible = job.stream.audible or pcm.shape[-1] > 0
         self._finish(job, pcm.cpu().numpy().copy())
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
