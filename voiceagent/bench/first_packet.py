@@ -41,6 +41,7 @@ from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_prefix import PrefixCache
 from ..model.contract import PAD_TOKEN, State, Voice
 from ..model.lm import KVPool
+from ..model.quantize import int8_layers
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
 from ..pipeline.turn import ChunkSchedule, FrameFormat, Turn, TurnSettings, TurnStats
@@ -69,10 +70,11 @@ class Mode:
     hold_back: int | None
     crossfade: int
     schedule: tuple[int, ...] = (4, 8, 16, 25)
+    int8_prefill: bool = False
 
 
 BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
-OPTIMIZED = Mode(prefix_cache=True, hold_back=4, crossfade=0)
+OPTIMIZED = Mode(prefix_cache=True, hold_back=4, crossfade=0, int8_prefill=True)
 
 
 @dataclass
@@ -168,30 +170,52 @@ def flow_cache_bytes_per_token(model: SpeechModel, voice: Voice, tokens: int = 2
 
 @torch.inference_mode()
 def prefill_ms(model: SpeechModel, voice: Voice, repeats: int = 3) -> dict[str, Any]:
-    """The first segment's LM prefill, whole and after the voice's cached prefix."""
-    lm = model.lm
+    """The first segment's LM prefill: whole and after the voice's cached prefix, with
+    float32 layers and with int8 ones; and how far the int8 prefill moves the logits of
+    it and of the 10 decode steps after it (float32 decode on its keys/values)."""
+    lm, dev = model.lm, model.device
     text_ids = list(voice.lm_text_ids) + model.tokenizer.encode(normalize(TEXT.split(",")[0]))
     prompt = lm.prompt_embeds(text_ids, list(voice.lm_speech_tokens))
-    pool = KVPool(lm.cfg, 1, prompt.shape[1], model.device)
-    slot = torch.tensor([0], device=model.device)
-    cache = PrefixCache()
-    cache.fill(lm, tuple(voice.lm_text_ids), prompt, pool, 0)
-    times: dict[str, list[float]] = {"uncached": [], "cached": []}
-    for _ in range(repeats):
-        for label in times:
-            t0 = time.perf_counter()
-            start = (
-                cache.fill(lm, tuple(voice.lm_text_ids), prompt, pool, 0)[0]
-                if label == "cached"
-                else 0
-            )
-            lm.forward_embeds(prompt[:, start:], pool, slot, torch.tensor([start]))
-            times[label].append((time.perf_counter() - t0) * 1000)
-    return {
-        "prompt_positions": prompt.shape[1],
-        "cached_positions": len(voice.lm_text_ids) + 1,
+    p = prompt.shape[1]
+    pool = KVPool(lm.cfg, 1, p + 10, dev)
+    slot = torch.tensor([0], device=dev)
+    key = tuple(voice.lm_text_ids)
+    kinds = {"": None, "int8_": int8_layers(lm)}
+    caches = {kind: PrefixCache() for kind in kinds}
+    times: dict[str, list[float]] = {}
+    for _ in range(repeats + 1):  # the first round fills the caches, not timed
+        for kind, layers in kinds.items():
+            if kind and layers is None:
+                continue
+            for label in ("uncached", "cached"):
+                t0 = time.perf_counter()
+                start = 0
+                if label == "cached":
+                    start = caches[kind].fill(lm, key, prompt, pool, 0, layers)[0]
+                at = torch.tensor([start], device=dev)
+                lm.forward_embeds(prompt[:, start:], pool, slot, at, layers)
+                if caches[kind].hits:
+                    times.setdefault(kind + label, []).append((time.perf_counter() - t0) * 1000)
+
+    def logits(layers: Any) -> torch.Tensor:
+        zero = torch.tensor([0], device=dev)
+        rows = [lm.forward_embeds(prompt, pool, slot, zero, layers)]
+        for i in range(10):
+            step = lm.embed_speech(torch.tensor([rows[-1].argmax()], device=dev))
+            rows.append(lm.forward_embeds(step, pool, slot, torch.tensor([p + i], device=dev)))
+        return torch.cat(rows).float()
+
+    report: dict[str, Any] = {
+        "prompt_positions": p,
+        "cached_positions": len(key) + 1,
         **{f"{k}_ms_p50": round(statistics.median(v), 1) for k, v in times.items()},
     }
+    if kinds["int8_"] is not None:
+        exact, approx = logits(None), logits(kinds["int8_"])
+        report["int8_logits_max_abs"] = round(float((approx - exact).abs().max()), 5)
+        report["int8_top1_agreement"] = float((approx.argmax(1) == exact.argmax(1)).float().mean())
+        report["logits_max_abs"] = round(float(exact.abs().max()), 3)
+    return report
 
 
 @torch.inference_mode()
@@ -295,7 +319,8 @@ def measure(
     modes = modes or {"baseline": BASELINE, "optimized": OPTIMIZED}
     voice = next(iter(model.voices.values()))
     engines = {
-        name: EmbeddedEngine(model, 1, prefix_cache=m.prefix_cache) for name, m in modes.items()
+        name: EmbeddedEngine(model, 1, prefix_cache=m.prefix_cache, int8_prefill=m.int8_prefill)
+        for name, m in modes.items()
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
     first: dict[str, float] = {}
@@ -364,4 +389,11 @@ def table(report: dict[str, Any]) -> str:
         f"LM prefill of {pf['prompt_positions']} positions: {pf['uncached_ms_p50']} ms; "
         f"after {pf['cached_positions']} cached: {pf['cached_ms_p50']} ms"
     )
+    if "int8_uncached_ms_p50" in pf:
+        lines.append(
+            f"  int8 layers: {pf['int8_uncached_ms_p50']} ms; after the cached prefix: "
+            f"{pf['int8_cached_ms_p50']} ms; logits moved by at most "
+            f"{pf['int8_logits_max_abs']} (of {pf['logits_max_abs']}), top-1 agreement "
+            f"{pf['int8_top1_agreement']} over the prefill and 10 steps"
+        )
     return "\n".join(lines)

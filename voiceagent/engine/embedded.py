@@ -51,12 +51,14 @@ class EmbeddedEngine:
         metrics: Metrics | None = None,
         acoustic_batching: AcousticBatching = "invariant",
         prefix_cache: bool = True,
+        int8_prefill: bool = False,
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
         turn's chunks alone (audio bit-identical whatever runs beside it), "batched" runs
         chunks of several turns as one batch (see engine/acoustic.py). `prefix_cache`:
-        the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py)."""
+        the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py).
+        `int8_prefill`: its prompt prefills run int8 layers (model/quantize.py)."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model

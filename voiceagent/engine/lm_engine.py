@@ -23,6 +23,7 @@ import torch
 
 from ..model.contract import STOP_TOKENS, Voice
 from ..model.lm import KVPool
+from ..model.quantize import int8_layers
 from ..model.sampling import SamplingParams, sample_token
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
@@ -120,11 +121,15 @@ class EmbeddedLM:
         max_len: int = 2048,
         max_backlog: int = MAX_BACKLOG,
         prefix_cache: bool = True,
+        int8_prefill: bool = False,
     ) -> None:
         """`prefix_cache`: keep each voice's `[sos, prompt text]` keys/values and start
-        later prefills after them (lm_prefix.py); False prefills every prompt whole."""
+        later prefills after them (lm_prefix.py); False prefills every prompt whole.
+        `int8_prefill`: prefills run int8 copies of the decoder layers (CPU; decode
+        steps stay float32; model/quantize.py)."""
         self.model = model
         self.prefix_cache = PrefixCache() if prefix_cache else None
+        self._prefill_layers = int8_layers(model.lm) if int8_prefill else None
         self.max_backlog = max_backlog
         self._all_paused = False
         self.max_batch = max_batch
@@ -221,11 +226,15 @@ class EmbeddedLM:
                 start = 0
                 if self.prefix_cache is not None and req.prefix:
                     start, hit = self.prefix_cache.fill(
-                        lm, req.prefix, prompt, self._pool, req.slot
+                        lm, req.prefix, prompt, self._pool, req.slot, self._prefill_layers
                     )
                     req.stream.cached_tokens = start if hit else 0
                 logits = lm.forward_embeds(
-                    prompt[:, start:], self._pool, self._ids([req.slot]), self._ids([start])
+                    prompt[:, start:],
+                    self._pool,
+                    self._ids([req.slot]),
+                    self._ids([start]),
+                    self._prefill_layers,
                 )
                 req.length = prompt.shape[1]
                 self._emit(req, logits[0].float().cpu())

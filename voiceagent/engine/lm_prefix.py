@@ -15,11 +15,12 @@ tokens do not depend on whether the prefix was cached before it.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from ..model.lm import KVPool, SpeechLM
+from ..model.lm import DecoderLayer, KVPool, SpeechLM
 
 MAX_PREFIXES = 256  # distinct prefixes kept (least recently used dropped)
 
@@ -39,7 +40,13 @@ class PrefixCache:
         return sum(k.nbytes + v.nbytes for k, v in self._entries.values())
 
     def fill(
-        self, lm: SpeechLM, key: tuple[int, ...], prompt: Tensor, pool: KVPool, slot: int
+        self,
+        lm: SpeechLM,
+        key: tuple[int, ...],
+        prompt: Tensor,
+        pool: KVPool,
+        slot: int,
+        layers: Sequence[DecoderLayer] | None = None,
     ) -> tuple[int, bool]:
         """Put the keys/values of `prompt`'s first len(key) + 1 positions (sos + the
         voice's text ids `key`) into `slot`, from the cache or computed there and kept;
@@ -51,7 +58,7 @@ class PrefixCache:
             self.misses += 1
             ids = torch.tensor([slot], device=prompt.device)
             start = torch.zeros(1, dtype=torch.long, device=prompt.device)
-            lm.forward_embeds(prompt[:, :n], pool, ids, start)
+            lm.forward_embeds(prompt[:, :n], pool, ids, start, layers)
             cached = (pool.k[:, slot, :, :n].clone(), pool.v[:, slot, :, :n].clone())
             self._entries[key] = cached
             while len(self._entries) > self.max_entries:

@@ -1,0 +1,56 @@
+"""Reduced-precision copies of model parts, used where the measured error is stated.
+
+`int8_layers(lm)`: the LM's decoder layers, with every Linear dynamically quantized to
+int8 (per-tensor activation scale computed per call, int8 weights; fbgemm/oneDNN with
+VNNI on x86), used for prompt prefills only. A prefill multiplies many positions by the
+same weights and is compute-bound, where int8 pays; a decode step (one position) reads
+each weight once and is memory-bound, where the float32 kernels were as fast on the
+2-core CPU measured, so decode keeps the float32 layers. The keys/values a prefill
+writes are then approximate; `voiceagent bench --scenario first-packet` reports the
+effect on the first logits.
+
+This uses `torch.ao.quantization.quantize_dynamic`, deprecated upstream in favour of
+torchao but present in the torch versions voiceagent supports (2.11-2.13); where it is
+missing, `int8_layers` says so and returns None.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+from typing import cast
+
+from torch import nn
+
+from .lm import DecoderLayer, SpeechLM
+
+log = logging.getLogger(__name__)
+
+
+_made: dict[int, tuple[SpeechLM, list[DecoderLayer]]] = {}
+
+
+def int8_layers(lm: SpeechLM) -> list[DecoderLayer] | None:
+    """int8 copies of `lm`'s decoder layers, made once per LM (engines share them), for
+    `SpeechLM.forward_embeds(layers=...)`; None if this torch cannot make them or the LM
+    is not on the CPU (the kernels are CPU ones)."""
+    made = _made.get(id(lm))
+    if made is not None and made[0] is lm:
+        return made[1]
+    if lm.llm_decoder.weight.device.type != "cpu":
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torch.ao.quantization import quantize_dynamic
+
+            layers = [
+                cast(DecoderLayer, quantize_dynamic(copy.deepcopy(layer), {nn.Linear}))
+                for layer in lm.llm.model.model.layers
+            ]
+    except (ImportError, RuntimeError, AttributeError) as exc:
+        log.warning("int8 LM layers unavailable (%s): prefills stay float32", exc)
+        return None
+    _made[id(lm)] = (lm, layers)
+    return layers
