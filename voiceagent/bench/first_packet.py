@@ -39,7 +39,7 @@ import torch
 from ..audio.codecs import OpusEncoder
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_prefix import PrefixCache
-from ..model.contract import PAD_TOKEN, State, Voice
+from ..model.contract import PAD_TOKEN, FlowStage, State, Voice
 from ..model.lm import KVPool
 from ..model.quantize import int8_layers
 from ..model.sampling import SamplingParams
@@ -71,10 +71,16 @@ class Mode:
     crossfade: int
     schedule: tuple[int, ...] = (4, 8, 16, 25)
     int8_prefill: bool = False
+    flow_dtype: str | None = None  # e.g. "bfloat16"; None: the model's (float32)
+
+    def torch_flow_dtype(self) -> torch.dtype | None:
+        return None if self.flow_dtype is None else getattr(torch, self.flow_dtype)
 
 
 BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
-OPTIMIZED = Mode(prefix_cache=True, hold_back=4, crossfade=0, int8_prefill=True)
+OPTIMIZED = Mode(
+    prefix_cache=True, hold_back=4, crossfade=0, int8_prefill=True, flow_dtype="bfloat16"
+)
 
 
 @dataclass
@@ -158,13 +164,15 @@ def state_bytes(state: State) -> int:
 
 
 @torch.inference_mode()
-def flow_cache_bytes_per_token(model: SpeechModel, voice: Voice, tokens: int = 20) -> float:
-    """Growth of the flow's per-turn state per speech token (its attention caches)."""
+def flow_cache_bytes_per_token(
+    model: SpeechModel, flow: FlowStage, voice: Voice, tokens: int = 20
+) -> float:
+    """Growth of `flow`'s per-turn state per speech token (its attention caches)."""
     look = model.pre_lookahead
-    state = model.flow.initial_state(voice)
+    state = flow.initial_state(voice)
     ids = torch.tensor([[0] * tokens + [PAD_TOKEN] * look], device=model.device)
     spk = voice.embedding[None].to(model.device)
-    _, after = model.flow.forward_chunk(ids, spk, state)
+    _, after = flow.forward_chunk(ids, spk, state)
     return (state_bytes(after) - state_bytes(state)) / tokens
 
 
@@ -263,13 +271,19 @@ def hold_back_error(
 
 @torch.inference_mode()
 def grid_deviation(
-    model: SpeechModel, voice: Voice, schedule: tuple[int, ...], tokens: int = 60
+    model: SpeechModel,
+    voice: Voice,
+    schedule: tuple[int, ...],
+    stream_flow: FlowStage | None = None,
+    tokens: int = 60,
 ) -> dict[str, float] | None:
-    """The flow's streamed mel with `schedule` against the released streaming grid (one
-    pass with the static 25-token chunk mask from the first prompt token), on `tokens`
-    random tokens: the largest difference and the RMS of the difference relative to the
-    mel's own RMS around its mean (log-mel). None for a flow without that offline pass."""
+    """The streamed mel (of `stream_flow`, default the model's) with `schedule` against
+    the released streaming grid of the model's flow (one pass with the static 25-token
+    chunk mask from the first prompt token), on `tokens` random tokens: the largest
+    difference and the RMS of the difference relative to the mel's own RMS around its
+    mean (log-mel). None for a flow without that offline pass."""
     flow: Any = model.flow
+    streaming = stream_flow or model.flow
     if not hasattr(flow, "synthesize") or voice.prompt_mel is None:
         return None
     look, dev = model.pre_lookahead, model.device
@@ -277,12 +291,12 @@ def grid_deviation(
     ids = torch.randint(0, 6561, (tokens,), generator=gen).tolist()
     padded = ids + [PAD_TOKEN] * look
     spk = voice.embedding[None].to(dev)
-    state, mels, done, i = flow.initial_state(voice), [], 0, 0
+    state, mels, done, i = streaming.initial_state(voice), [], 0, 0
     while done < tokens:
         n = min(schedule[min(i, len(schedule) - 1)], tokens - done)
         chunk = torch.tensor([padded[done : done + n + look]], device=dev)
-        mel, state = flow.forward_chunk(chunk, spk, state)
-        mels.append(mel)
+        mel, state = streaming.forward_chunk(chunk, spk, state)
+        mels.append(mel.float())
         done, i = done + n, i + 1
     streamed = torch.cat(mels, 2)
     grid = flow.synthesize(
@@ -319,7 +333,13 @@ def measure(
     modes = modes or {"baseline": BASELINE, "optimized": OPTIMIZED}
     voice = next(iter(model.voices.values()))
     engines = {
-        name: EmbeddedEngine(model, 1, prefix_cache=m.prefix_cache, int8_prefill=m.int8_prefill)
+        name: EmbeddedEngine(
+            model,
+            1,
+            prefix_cache=m.prefix_cache,
+            int8_prefill=m.int8_prefill,
+            flow_dtype=m.torch_flow_dtype(),
+        )
         for name, m in modes.items()
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
@@ -342,16 +362,16 @@ def measure(
     finally:
         for e in engines.values():
             e.stop()
-    cache_bytes = flow_cache_bytes_per_token(model, voice)
     report: dict[str, Any] = {"model": model.name, "text": TEXT, "voice": voice.name}
     for name, mode in modes.items():
+        flow = engines[name].acoustic.flow
         report[name] = {
             **_summary(rows[name], first[name]),
-            "flow_cache_bytes_per_token": round(cache_bytes),
+            "flow_cache_bytes_per_token": round(flow_cache_bytes_per_token(model, flow, voice)),
             "vocoder_error": {
                 k: round(v, 6) for k, v in hold_back_error(model, voice, mode).items()
             },
-            "mel_vs_reference_grid": grid_deviation(model, voice, mode.schedule),
+            "mel_vs_reference_grid": grid_deviation(model, voice, mode.schedule, flow),
             "mode": asdict(mode),
         }
     report["lm_prefill"] = prefill_ms(model, voice)

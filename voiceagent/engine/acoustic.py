@@ -27,6 +27,7 @@ import torch
 
 from ..audio.framing import Framer
 from ..model.contract import State, VocoderStage, Voice
+from ..model.quantize import reduced_flow
 from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
 from ..ops.metrics import Metrics
@@ -97,8 +98,13 @@ class AcousticWorker:
         model: SpeechModel,
         metrics: Metrics | None = None,
         batching: AcousticBatching = "invariant",
+        flow_dtype: torch.dtype | None = None,
     ) -> None:
+        """`flow_dtype`: run the flow (weights, activations and its per-turn caches) in
+        this precision instead of the model's (torch.bfloat16: half the cache bytes;
+        its error is measured by `voiceagent bench --scenario first-packet`)."""
         self.model = model
+        self.flow = model.flow if flow_dtype is None else reduced_flow(model.flow, flow_dtype)
         self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -145,7 +151,7 @@ class AcousticWorker:
         a full flow pass over the prompt) and shared, since states are never mutated."""
         cached = self._primed_states.get(voice.name)
         if cached is None or cached[0] is not voice:
-            cached = (voice, self.model.flow.initial_state(voice))
+            cached = (voice, self.flow.initial_state(voice))
             self._primed_states[voice.name] = cached
         return cached[1]
 
@@ -286,7 +292,7 @@ class AcousticWorker:
         dev = self.model.device
         if len(group[0].tokens) == self.model.pre_lookahead:  # no new tokens: only drain
             return [(None, torch.zeros(self.model.mel_bins, 0, device=dev)) for _ in group]
-        flow = self.model.flow
+        flow = self.flow
         states = []
         for j in group:
             if j.stream.flow_state is None:  # the primed state is shared and never mutated
@@ -296,6 +302,7 @@ class AcousticWorker:
         spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)
         state = states[0] if len(group) == 1 else flow.cat_states(states)
         mel, state = flow.forward_chunk(tokens, spk, state)
+        mel = mel.float()  # the vocoder's precision, whatever the flow's
         if len(group) > 1:
             self.batched_calls += 1
         split = [state] if len(group) == 1 else flow.split_states(state, len(group))

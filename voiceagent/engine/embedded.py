@@ -52,13 +52,15 @@ class EmbeddedEngine:
         acoustic_batching: AcousticBatching = "invariant",
         prefix_cache: bool = True,
         int8_prefill: bool = False,
+        flow_dtype: torch.dtype | None = None,
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
         turn's chunks alone (audio bit-identical whatever runs beside it), "batched" runs
         chunks of several turns as one batch (see engine/acoustic.py). `prefix_cache`:
         the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py).
-        `int8_prefill`: its prompt prefills run int8 layers (model/quantize.py)."""
+        `int8_prefill`: its prompt prefills run int8 layers (model/quantize.py).
+        `flow_dtype`: the acoustic worker's flow precision (None: the model's)."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model
@@ -66,7 +68,7 @@ class EmbeddedEngine:
         self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch, prefix_cache=prefix_cache)
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
-        self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching)
+        self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching, flow_dtype)
         self.metrics.info.info({"model": model.name, "engine": self.name})
 
     async def ready(self) -> bool:

@@ -1,5 +1,7 @@
 """Reduced-precision copies of model parts, used where the measured error is stated.
 
+`reduced_flow(flow, dtype)`: the flow in bfloat16 (weights, activations, caches).
+
 `int8_layers(lm)`: the LM's decoder layers, with every Linear dynamically quantized to
 int8 (per-tensor activation scale computed per call, int8 weights; fbgemm/oneDNN with
 VNNI on x86), used for prompt prefills only. A prefill multiplies many positions by the
@@ -21,14 +23,28 @@ import logging
 import warnings
 from typing import cast
 
+import torch
 from torch import nn
 
+from .contract import FlowStage
 from .lm import DecoderLayer, SpeechLM
 
 log = logging.getLogger(__name__)
 
 
 _made: dict[int, tuple[SpeechLM, list[DecoderLayer]]] = {}
+_flows: dict[tuple[int, torch.dtype], tuple[FlowStage, FlowStage]] = {}
+
+
+def reduced_flow(flow: FlowStage, dtype: torch.dtype) -> FlowStage:
+    """A copy of `flow` in `dtype` (weights; its activations and streaming caches follow
+    them), made once per flow and dtype. torch.bfloat16 halves the per-turn cache."""
+    made = _flows.get((id(flow), dtype))
+    if made is not None and made[0] is flow:
+        return made[1]
+    copy_ = copy.deepcopy(flow).to(dtype)
+    _flows[(id(flow), dtype)] = (flow, copy_)
+    return copy_
 
 
 def int8_layers(lm: SpeechLM) -> list[DecoderLayer] | None:
