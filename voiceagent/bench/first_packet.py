@@ -72,6 +72,9 @@ class Mode:
     schedule: tuple[int, ...] = (4, 8, 16, 25)
     int8_prefill: bool = False
     flow_dtype: str | None = None  # e.g. "bfloat16"; None: the model's (float32)
+    # torch's intra-op threads while this mode's turns run (process-wide in torch, but
+    # the modes' turns never overlap); None: as the process started
+    threads: int | None = None
 
     def torch_flow_dtype(self) -> torch.dtype | None:
         return None if self.flow_dtype is None else getattr(torch, self.flow_dtype)
@@ -345,9 +348,12 @@ def measure(
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
     first: dict[str, float] = {}
 
+    threads = torch.get_num_threads()
+
     async def run() -> None:
         for i in range(turns + 1):
             for name, mode in modes.items():
+                torch.set_num_threads(mode.threads or threads)
                 row = slices(*await _first_packet(engines[name], voice, mode, seed=1))
                 row["ttfa"] = sum(row[s] for s in SLICES)
                 if i == 0:
@@ -360,6 +366,7 @@ def measure(
     try:
         asyncio.run(run())
     finally:
+        torch.set_num_threads(threads)
         for e in engines.values():
             e.stop()
     report: dict[str, Any] = {"model": model.name, "text": TEXT, "voice": voice.name}
@@ -375,7 +382,7 @@ def measure(
             "mode": asdict(mode),
         }
     report["lm_prefill"] = prefill_ms(model, voice)
-    report["threads"] = torch.get_num_threads()
+    report["threads"] = threads
     return report
 
 
