@@ -243,3 +243,38 @@ def test_a_bfloat16_flow_streams_within_its_bound_of_the_float32_offline_pass(sm
     assert sum(v.nbytes for v in bf16.initial_state(voice).values()) < 0.6 * sum(
         v.nbytes for v in f32_state.values()
     )
+
+
+def test_the_lm_lets_first_audio_go_first(tiny_model):
+    """While `yield_to` says a first chunk is being computed, requests whose turns
+    already have audio on the way (not urgent) sit out; urgent ones go on; all resume."""
+    from voiceagent.engine.lm_engine import EmbeddedLM
+
+    lm = EmbeddedLM(tiny_model, max_batch=2, max_backlog=10**6)
+    gate = {"on": True}
+    lm.yield_to = lambda: gate["on"]
+    voice = tiny_model.voices["agent"]
+    text = list(range(40, 140))
+
+    async def go() -> tuple[int, int, int]:
+        def request(seed: int) -> Any:
+            gen = torch.Generator().manual_seed(seed)
+            return lm.generate(text, voice, SamplingParams(seed=seed), gen, 150, 190)
+
+        playing = request(1)
+        playing.urgent = False
+        await asyncio.sleep(0.2)
+        held = playing.fed
+        fresh = request(2)  # urgent: a new turn's tokens
+        await asyncio.sleep(0.3)
+        assert playing.fed == held and fresh.fed > 1
+        gate["on"] = False
+        await asyncio.sleep(0.3)
+        return held, playing.fed, lm.steps
+
+    lm.start()
+    try:
+        held, later, steps = asyncio.run(go())
+    finally:
+        lm.stop()
+    assert held <= 2 < later and steps > 0

@@ -75,6 +75,7 @@ class Mode:
     # torch's intra-op threads while this mode's turns run (process-wide in torch, but
     # the modes' turns never overlap); None: as the process started
     threads: int | None = None
+    first_audio_first: bool = False  # EmbeddedEngine(first_audio_first=...)
 
     def torch_flow_dtype(self) -> torch.dtype | None:
         return None if self.flow_dtype is None else getattr(torch, self.flow_dtype)
@@ -342,6 +343,7 @@ def measure(
             prefix_cache=m.prefix_cache,
             int8_prefill=m.int8_prefill,
             flow_dtype=m.torch_flow_dtype(),
+            first_audio_first=m.first_audio_first,
         )
         for name, m in modes.items()
     }

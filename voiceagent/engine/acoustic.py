@@ -113,6 +113,7 @@ class AcousticWorker:
         if batching not in ACOUSTIC_BATCHING:
             raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
         self.batching = batching
+        self.first_chunks = 0  # turns' first chunks being computed now (no audio out yet)
         self.rounds = 0  # times the worker took the waiting jobs
         self.max_round = 0  # most jobs taken at once
         self.batched_calls = 0  # flow or vocoder calls over more than one chunk
@@ -220,11 +221,20 @@ class AcousticWorker:
         self.rounds += 1
         self.max_round = max(self.max_round, len(jobs))
         if self.batching == "batched":
-            self._stages(jobs)
+            self._critical(jobs, self._stages)
         else:  # each chunk alone, in queue order: its result depends on its turn only
             for job in jobs:
                 if not job.stream.closed:  # a turn cancelled during this round
-                    self._stages([job])
+                    self._critical([job], self._stages)
+
+    def _critical(self, jobs: list[_Job], run: Callable[[list[_Job]], None]) -> None:
+        """Run `jobs`, counted in `first_chunks` while any is a turn's first audio."""
+        n = sum(not j.stream.audible for j in jobs)
+        self.first_chunks += n
+        try:
+            run(jobs)
+        finally:
+            self.first_chunks -= n
 
     def _stages(self, jobs: list[_Job]) -> None:
         t0 = time.perf_counter()

@@ -54,6 +54,9 @@ class TokenStream:
         self.taken = 0  # tokens the turn has read (written by the event loop only)
         self.submitted = time.monotonic()
         self.first_token_at: float | None = None  # when the first token was produced
+        # Its turn has no audio on the way yet: it is on a listener's critical path
+        # (the turn sets it False once its first chunk is handed over).
+        self.urgent = True
 
     @property
     def backlog(self) -> int:
@@ -132,6 +135,9 @@ class EmbeddedLM:
         self._prefill_layers = int8_layers(model.lm) if int8_prefill else None
         self.max_backlog = max_backlog
         self._all_paused = False
+        # While this says so (the acoustic worker is on a turn's first chunk), requests
+        # that are not urgent sit out decode steps: the first audio gets the CPU first.
+        self.yield_to: Callable[[], bool] | None = None
         self.max_batch = max_batch
         self.max_len = max_len
         self._pool = KVPool(model.lm.cfg, max_batch, max_len, model.device)
@@ -247,6 +253,8 @@ class EmbeddedLM:
         reqs = list(self._active)
         if not self._waiting:  # slots are not scarce: far-ahead requests may sit out
             reqs = [r for r in reqs if r.stream.backlog < self.max_backlog]
+            if self.yield_to is not None and self.yield_to():
+                reqs = [r for r in reqs if r.stream.urgent]
         self._all_paused = bool(self._active) and not reqs
         if not reqs:
             return

@@ -234,6 +234,7 @@ class Turn:
             min_len=int(n * lo),
             max_len=max(1, min(int(n * hi), self.max_segment_tokens or 1 << 30)),
         )
+        self._lm.urgent = self.stats.chunks == 0  # later segments: audio is on the way
         self.stats.prompt_tokens += self._lm.prompt_tokens
         if self.stats.synth_start is None:
             self.stats.synth_start = time.monotonic()
@@ -252,6 +253,7 @@ class Turn:
                 self.tokens += new
                 pending += new
                 while len(pending) >= (n := self.schedule.size(self.stats.chunks)) + look:
+                    lm.urgent = False  # its first chunk is on the way
                     await self._chunk(pending[: n + look], final=False)
                     pending = pending[n:]
             self.stats.cached_tokens += lm.cached_tokens
