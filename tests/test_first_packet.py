@@ -67,15 +67,12 @@ def test_first_packet_bench_reports_slices_that_add_up(small_dir):
     assert report["optimized"]["chunks_to_first_audio"] == 1
     assert report["baseline"]["vocoder_error"]["max_abs"] == 0
     assert 0 < report["optimized"]["vocoder_error"]["max_abs"] < 0.01
-    # both modes chunk alike here; the bfloat16 flow adds its own small error
+    # both modes chunk alike here (float32 flows): the same distance from the grid
     grid = [report[m]["mel_vs_reference_grid"] for m in ("baseline", "optimized")]
-    assert 0 < grid[0]["rel_rms"] <= grid[1]["rel_rms"] < grid[0]["rel_rms"] + 0.01
-    # a bfloat16 flow keeps half the cache
-    assert report["optimized"]["flow_cache_bytes_per_token"] * 2 == pytest.approx(
-        report["baseline"]["flow_cache_bytes_per_token"], rel=0.01
-    )
+    assert grid[0] == grid[1] and grid[0]["rel_rms"] > 0
     prefill = report["lm_prefill"]
     assert prefill["cached_positions"] < prefill["prompt_positions"]
+    assert prefill["int8_decode_logits_max_abs"] < 0.1 * prefill["logits_max_abs"]
 
 
 def _turn(engine: EmbeddedEngine, text: str, **options: object) -> Turn:
@@ -270,6 +267,8 @@ def test_the_lm_lets_first_audio_go_first(tiny_model):
         assert playing.fed == held and fresh.fed > 1
         gate["on"] = False
         await asyncio.sleep(0.3)
+        playing.cancel()
+        fresh.cancel()
         return held, playing.fed, lm.steps
 
     lm.start()

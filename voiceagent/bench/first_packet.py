@@ -71,6 +71,7 @@ class Mode:
     crossfade: int
     schedule: tuple[int, ...] = (4, 8, 16, 25)
     int8_prefill: bool = False
+    int8_decode: bool = False
     flow_dtype: str | None = None  # e.g. "bfloat16"; None: the model's (float32)
     # torch's intra-op threads while this mode's turns run (process-wide in torch, but
     # the modes' turns never overlap); None: as the process started
@@ -83,7 +84,12 @@ class Mode:
 
 BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
 OPTIMIZED = Mode(
-    prefix_cache=True, hold_back=4, crossfade=0, int8_prefill=True, flow_dtype="bfloat16"
+    prefix_cache=True,
+    hold_back=4,
+    crossfade=0,
+    int8_prefill=True,
+    int8_decode=True,
+    first_audio_first=True,
 )
 
 
@@ -209,12 +215,14 @@ def prefill_ms(model: SpeechModel, voice: Voice, repeats: int = 3) -> dict[str, 
                 if caches[kind].hits:
                     times.setdefault(kind + label, []).append((time.perf_counter() - t0) * 1000)
 
-    def logits(layers: Any) -> torch.Tensor:
+    def logits(layers: Any, decode: Any = None) -> torch.Tensor:
+        """The prefill's logits and 10 greedy steps' (the float32 run's tokens)."""
         zero = torch.tensor([0], device=dev)
         rows = [lm.forward_embeds(prompt, pool, slot, zero, layers)]
         for i in range(10):
-            step = lm.embed_speech(torch.tensor([rows[-1].argmax()], device=dev))
-            rows.append(lm.forward_embeds(step, pool, slot, torch.tensor([p + i], device=dev)))
+            step = lm.embed_speech(torch.tensor([greedy[i]], device=dev))
+            at = torch.tensor([p + i], device=dev)
+            rows.append(lm.forward_embeds(step, pool, slot, at, decode))
         return torch.cat(rows).float()
 
     report: dict[str, Any] = {
@@ -222,11 +230,16 @@ def prefill_ms(model: SpeechModel, voice: Voice, repeats: int = 3) -> dict[str, 
         "cached_positions": len(key) + 1,
         **{f"{k}_ms_p50": round(statistics.median(v), 1) for k, v in times.items()},
     }
-    if kinds["int8_"] is not None:
-        exact, approx = logits(None), logits(kinds["int8_"])
-        report["int8_logits_max_abs"] = round(float((approx - exact).abs().max()), 5)
-        report["int8_top1_agreement"] = float((approx.argmax(1) == exact.argmax(1)).float().mean())
-        report["logits_max_abs"] = round(float(exact.abs().max()), 3)
+    greedy = [0] * 10
+    exact = logits(None)
+    greedy = exact.argmax(1)[:10].tolist()
+    exact = logits(None)
+    report["logits_max_abs"] = round(float(exact.abs().max()), 3)
+    if (q := kinds["int8_"]) is not None:
+        for label, approx in (("int8", logits(q)), ("int8_decode", logits(q, q))):
+            report[f"{label}_logits_max_abs"] = round(float((approx - exact).abs().max()), 5)
+            agree = (approx.argmax(1) == exact.argmax(1)).float().mean()
+            report[f"{label}_top1_agreement"] = float(agree)
     return report
 
 
@@ -342,6 +355,7 @@ def measure(
             1,
             prefix_cache=m.prefix_cache,
             int8_prefill=m.int8_prefill,
+            int8_decode=m.int8_decode,
             flow_dtype=m.torch_flow_dtype(),
             first_audio_first=m.first_audio_first,
         )
@@ -423,6 +437,8 @@ def table(report: dict[str, Any]) -> str:
             f"  int8 layers: {pf['int8_uncached_ms_p50']} ms; after the cached prefix: "
             f"{pf['int8_cached_ms_p50']} ms; logits moved by at most "
             f"{pf['int8_logits_max_abs']} (of {pf['logits_max_abs']}), top-1 agreement "
-            f"{pf['int8_top1_agreement']} over the prefill and 10 steps"
+            f"{pf['int8_top1_agreement']} over the prefill and 10 steps; with int8 decode "
+            f"steps too: {pf['int8_decode_logits_max_abs']}, "
+            f"{pf['int8_decode_top1_agreement']}"
         )
     return "\n".join(lines)

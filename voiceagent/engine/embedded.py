@@ -52,6 +52,7 @@ class EmbeddedEngine:
         acoustic_batching: AcousticBatching = "invariant",
         prefix_cache: bool = True,
         int8_prefill: bool = False,
+        int8_decode: bool = False,
         flow_dtype: torch.dtype | None = None,
         first_audio_first: bool = False,
     ) -> None:
@@ -60,7 +61,8 @@ class EmbeddedEngine:
         turn's chunks alone (audio bit-identical whatever runs beside it), "batched" runs
         chunks of several turns as one batch (see engine/acoustic.py). `prefix_cache`:
         the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py).
-        `int8_prefill`: its prompt prefills run int8 layers (model/quantize.py).
+        `int8_prefill`, `int8_decode`: its prompt prefills, its decode steps run int8
+        layers (model/quantize.py).
         `flow_dtype`: the acoustic worker's flow precision (None: the model's).
         `first_audio_first`: while the acoustic worker computes a turn's first chunk, the
         embedded LM decodes only for turns that have no audio on the way either (the
@@ -70,7 +72,11 @@ class EmbeddedEngine:
         self.model = model
         self.metrics = metrics or Metrics()
         self.lm: LMBackend = lm or EmbeddedLM(
-            model, max_batch=max_batch, prefix_cache=prefix_cache, int8_prefill=int8_prefill
+            model,
+            max_batch=max_batch,
+            prefix_cache=prefix_cache,
+            int8_prefill=int8_prefill,
+            int8_decode=int8_decode,
         )
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"

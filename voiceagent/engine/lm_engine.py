@@ -69,6 +69,8 @@ class TokenStream:
             if not self.fed:
                 self.first_token_at = time.monotonic()
             self.fed += len(item)
+        if self._loop.is_closed():  # its reader is gone with its loop: nothing to tell
+            return
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
     def __aiter__(self) -> TokenStream:
@@ -125,14 +127,16 @@ class EmbeddedLM:
         max_backlog: int = MAX_BACKLOG,
         prefix_cache: bool = True,
         int8_prefill: bool = False,
+        int8_decode: bool = False,
     ) -> None:
         """`prefix_cache`: keep each voice's `[sos, prompt text]` keys/values and start
         later prefills after them (lm_prefix.py); False prefills every prompt whole.
-        `int8_prefill`: prefills run int8 copies of the decoder layers (CPU; decode
-        steps stay float32; model/quantize.py)."""
+        `int8_prefill`, `int8_decode`: prefills, decode steps run int8 copies of the
+        decoder layers (CPU only; model/quantize.py)."""
         self.model = model
         self.prefix_cache = PrefixCache() if prefix_cache else None
         self._prefill_layers = int8_layers(model.lm) if int8_prefill else None
+        self._decode_layers = int8_layers(model.lm) if int8_decode else None
         self.max_backlog = max_backlog
         self._all_paused = False
         # While this says so (the acoustic worker is on a turn's first chunk), requests
@@ -278,7 +282,7 @@ class EmbeddedLM:
         slots = self._ids([r.slot for r in reqs])
         start = self._ids([r.length for r in reqs])
         logits = self.model.lm.forward_embeds(
-            self.model.lm.embed_speech(tokens), self._pool, slots, start
+            self.model.lm.embed_speech(tokens), self._pool, slots, start, self._decode_layers
         )
         self.steps += 1
         self.metrics.lm_batch.observe(len(reqs))
