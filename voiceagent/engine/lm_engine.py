@@ -69,9 +69,10 @@ class TokenStream:
             if not self.fed:
                 self.first_token_at = time.monotonic()
             self.fed += len(item)
-        if self._loop.is_closed():  # its reader is gone with its loop: nothing to tell
-            return
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # its loop is closed: the reader is gone, nothing to tell
+            pass
 
     def __aiter__(self) -> TokenStream:
         return self
