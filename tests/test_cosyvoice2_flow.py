@@ -243,6 +243,20 @@ def test_primed_state_is_reusable_and_not_mutated(flow):
     assert c.shape == (1, 80, 6)
 
 
+def test_turns_share_the_prompt_cache_and_keep_only_their_own_frames(flow):
+    """The estimator's keys/values of the voice prompt are one set of tensors read by
+    every turn (never copied into a turn's state); a turn's own entries grow with its
+    frames only."""
+    v, tokens = voice(11, seed=1), turn_tokens(12, seed=3)
+    primed = flow.initial_state(v)
+    _, after = flow.forward_chunk(chunk_ids(tokens, 0, 9, 3), v.embedding[None], primed)
+    shared = [k for k in primed if k.endswith((".pk", ".pv"))]
+    assert shared and all(after[k] is primed[k] for k in shared)
+    own = after["s0.a0.k"]
+    assert primed["s0.a0.k"].shape[2] == 0 and own.shape[2] == 2 * (9 + 3)  # + prompt tail
+    assert flow.cache_length(after) == 11 + 9
+
+
 def test_batched_sessions_equal_each_alone(flow):
     """Different prompt lengths (so different cache lengths) and a first chunk batched
     with a later one; states split back with torch.chunk, as the engine does."""

@@ -49,7 +49,9 @@ class FaultyLM:
         self._next_is_faulty = tuple(speech_ids) == self.faulty_prompt
         return self.lm.prompt_embeds(text_ids, speech_ids)
 
-    def forward_embeds(self, x: torch.Tensor, pool: Any, slots: torch.Tensor, start: Any):
+    def forward_embeds(
+        self, x: torch.Tensor, pool: Any, slots: torch.Tensor, start: Any, layers: Any = None
+    ):
         prefill = x.shape[1] > 1
         if prefill:
             slot = int(slots[0])
@@ -61,7 +63,7 @@ class FaultyLM:
         rows = [i for i, s in enumerate(slots.tolist()) if s in self.poisoned]
         if rows and not prefill and self.mode == "decode":
             raise RuntimeError("injected decode fault")
-        logits = self.lm.forward_embeds(x, pool, slots, start)
+        logits = self.lm.forward_embeds(x, pool, slots, start, layers)
         if rows and self.mode == "nan":
             logits[rows] = float("nan")
         return logits

@@ -261,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
             "flood",
             "cutoff",
             "chunk-cost",
+            "first-packet",
             "soak",
             "tenants",
             "isolation",
@@ -271,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
         "over WebRTC; telephony: simulated Twilio calls with bots and barge-in; flood: another "
         "session's TTFA and late frames while clients flood the server; cutoff: "
         "work spent on a turn a barge-in cuts off; chunk-cost: flow+vocoder time of chunk "
-        "1 vs 20; soak: server memory, fds, threads and tasks over many sessions; tenants: "
+        "1 vs 20; first-packet: time to the first packet cut into slices, baseline vs "
+        "optimized; soak: server memory, fds, threads and tasks over many sessions; tenants: "
         "one tenant's TTFA while another floods up to its quotas; isolation: invariant vs "
         "batched acoustic, cost and bit differences; openai: POST /v1/audio/speech, time to "
         "the first byte vs to the whole file, per format",

@@ -7,6 +7,7 @@ flood.py    --scenario flood: another session's TTFA and late frames during a fl
 cutoff.py   --scenario cutoff: the work a turn costs when a barge-in cuts it off
 soak.py     --scenario soak: server RSS, fds, threads, tasks over many sessions and hours
 chunks.py   --scenario chunk-cost: flow + vocoder time of an early vs a late chunk
+first_packet.py --scenario first-packet: TTFA cut into slices, baseline vs optimized
 tenants.py  --scenario tenants: one tenant's TTFA while another floods up to its quotas
 isolation.py --scenario isolation: invariant vs batched acoustic, cost and bit differences
 speech_api.py --scenario openai: POST /v1/audio/speech, first byte vs whole file
@@ -38,6 +39,12 @@ def run_bench(args: argparse.Namespace) -> int:
             f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
             for mode in ("linear", "recompute")
         )
+    elif args.scenario == "first-packet":
+        from . import chunks, first_packet
+
+        model = load_model(args.model or str(chunks.ensure_full_random()), args.device)
+        report = first_packet.measure(model, turns=args.turns)
+        text = first_packet.table(report)
     elif args.scenario == "isolation":
         from . import isolation
 

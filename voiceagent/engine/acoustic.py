@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from ..audio.framing import Framer
-from ..model.contract import State, Voice
+from ..model.contract import State, VocoderStage, Voice
+from ..model.quantize import reduced_flow
 from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
 from ..ops.metrics import Metrics
@@ -51,6 +52,23 @@ class AcousticStream:
     stretcher: MelStretcher
     framer: Framer | None
     closed: bool = False
+    audible: bool = False  # a chunk of this turn has yielded audio
+    # The turn's vocoder if not the model's: the same weights with another hold-back
+    # (`VocoderStage.variant`); chunks of different vocoders never share a batch.
+    vocoder: VocoderStage | None = None
+
+
+@dataclass
+class ChunkTimes:
+    """When one chunk passed each point (time.monotonic; 0.0: not reached). A handful of
+    clock reads per chunk, always taken: the first-packet benchmark reads them."""
+
+    queued: float  # handed to the worker (event loop)
+    flow_start: float = 0.0
+    flow_end: float = 0.0  # mel ready, stretched
+    vocoder_start: float = 0.0
+    vocoder_end: float = 0.0  # PCM ready
+    framed: float = 0.0  # resampled and cut into frames
 
 
 @dataclass
@@ -60,6 +78,7 @@ class ChunkResult:
     # sender encodes each one when it is due, so a gain change is applied at once.
     frames: list[np.ndarray]
     compute_ms: float
+    times: ChunkTimes | None = None
 
 
 @dataclass
@@ -70,6 +89,7 @@ class _Job:
     done: Callable[[ChunkResult | BaseException], None]
     mel: torch.Tensor | None = field(default=None)
     t0: float = field(default_factory=time.perf_counter)
+    times: ChunkTimes = field(default_factory=lambda: ChunkTimes(time.monotonic()))
 
 
 class AcousticWorker:
@@ -78,15 +98,22 @@ class AcousticWorker:
         model: SpeechModel,
         metrics: Metrics | None = None,
         batching: AcousticBatching = "invariant",
+        flow_dtype: torch.dtype | None = None,
     ) -> None:
+        """`flow_dtype`: run the flow (weights, activations and its per-turn caches) in
+        this precision instead of the model's (torch.bfloat16: half the cache bytes;
+        its error is measured by `voiceagent bench --scenario first-packet`)."""
         self.model = model
+        self.flow = model.flow if flow_dtype is None else reduced_flow(model.flow, flow_dtype)
         self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._primed_states: dict[str, tuple[Voice, State]] = {}
+        self._vocoders: dict[tuple[int, int], VocoderStage] = {}
         if batching not in ACOUSTIC_BATCHING:
             raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
         self.batching = batching
+        self.first_chunks = 0  # turns' first chunks being computed now (no audio out yet)
         self.rounds = 0  # times the worker took the waiting jobs
         self.max_round = 0  # most jobs taken at once
         self.batched_calls = 0  # flow or vocoder calls over more than one chunk
@@ -101,16 +128,31 @@ class AcousticWorker:
             self._thread.join(timeout=5)
             self._thread = None
 
-    def new_stream(self, voice: Voice, speed: float, framer: Framer | None) -> AcousticStream:
-        """A turn's acoustic state; the flow state is primed on the worker thread."""
-        return AcousticStream(voice, None, None, MelStretcher(speed), framer)
+    def new_stream(
+        self,
+        voice: Voice,
+        speed: float,
+        framer: Framer | None,
+        hold_back: int | None = None,
+        crossfade: int = 0,
+    ) -> AcousticStream:
+        """A turn's acoustic state; the flow state is primed on the worker thread.
+        `hold_back`: mel frames the vocoder holds back for right context (None: the
+        model's own, exact; fewer: approximate, see `VocoderStage.variant`)."""
+        vocoder = None
+        if hold_back is not None:
+            vocoder = self._vocoders.get((hold_back, crossfade))
+            if vocoder is None:
+                vocoder = self.model.vocoder.variant(hold_back, crossfade)
+                self._vocoders[(hold_back, crossfade)] = vocoder
+        return AcousticStream(voice, None, None, MelStretcher(speed), framer, vocoder=vocoder)
 
     def _primed(self, voice: Voice) -> State:
         """The flow state after the voice's prompt: computed once per voice (it can cost
         a full flow pass over the prompt) and shared, since states are never mutated."""
         cached = self._primed_states.get(voice.name)
         if cached is None or cached[0] is not voice:
-            cached = (voice, self.model.flow.initial_state(voice))
+            cached = (voice, self.flow.initial_state(voice))
             self._primed_states[voice.name] = cached
         return cached[1]
 
@@ -164,6 +206,9 @@ class AcousticWorker:
             for j in jobs:
                 self.metrics.acoustic_wait.observe(now - j.t0)
             jobs = [j for j in jobs if not j.stream.closed]  # dropped turns cost nothing
+            # The critical path first: chunks of turns that have no audio out yet run
+            # before the rest (a stable sort keeps each turn's chunks in order).
+            jobs.sort(key=lambda j: j.stream.audible)
             try:
                 with torch.inference_mode():
                     self._process(jobs)
@@ -176,29 +221,42 @@ class AcousticWorker:
         self.rounds += 1
         self.max_round = max(self.max_round, len(jobs))
         if self.batching == "batched":
-            self._stages(jobs)
+            self._critical(jobs, self._stages)
         else:  # each chunk alone, in queue order: its result depends on its turn only
             for job in jobs:
                 if not job.stream.closed:  # a turn cancelled during this round
-                    self._stages([job])
+                    self._critical([job], self._stages)
+
+    def _critical(self, jobs: list[_Job], run: Callable[[list[_Job]], None]) -> None:
+        """Run `jobs`, counted in `first_chunks` while any is a turn's first audio."""
+        n = sum(not j.stream.audible for j in jobs)
+        self.first_chunks += n
+        try:
+            run(jobs)
+        finally:
+            self.first_chunks -= n
 
     def _stages(self, jobs: list[_Job]) -> None:
         t0 = time.perf_counter()
+        _stamp(jobs, "flow_start")
         jobs = self._stage(jobs, lambda j: len(j.tokens), self._flow, self._flow_commit)
+        _stamp(jobs, "flow_end")
         t1 = time.perf_counter()
         self.metrics.chunk_seconds.labels("flow").observe(t1 - t0)
         if not jobs:
             return
-        voc = self.model.vocoder
-        self._stage(
-            jobs,
-            lambda j: voc.batch_key(
-                j.stream.vocoder_state, j.mel.shape[1] if j.mel is not None else 0, j.final
-            ),
-            self._vocoder,
-            self._vocoder_commit,
-        )
+
+        def key(j: _Job) -> object:
+            voc = self._vocoder_of(j)
+            frames = j.mel.shape[1] if j.mel is not None else 0
+            return (id(voc), voc.batch_key(j.stream.vocoder_state, frames, j.final))
+
+        _stamp(jobs, "vocoder_start")
+        self._stage(jobs, key, self._vocoder, self._vocoder_commit)
         self.metrics.chunk_seconds.labels("vocoder").observe(time.perf_counter() - t1)
+
+    def _vocoder_of(self, job: _Job) -> VocoderStage:
+        return job.stream.vocoder or self.model.vocoder
 
     def _stage(
         self,
@@ -244,7 +302,7 @@ class AcousticWorker:
         dev = self.model.device
         if len(group[0].tokens) == self.model.pre_lookahead:  # no new tokens: only drain
             return [(None, torch.zeros(self.model.mel_bins, 0, device=dev)) for _ in group]
-        flow = self.model.flow
+        flow = self.flow
         states = []
         for j in group:
             if j.stream.flow_state is None:  # the primed state is shared and never mutated
@@ -254,6 +312,7 @@ class AcousticWorker:
         spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)
         state = states[0] if len(group) == 1 else flow.cat_states(states)
         mel, state = flow.forward_chunk(tokens, spk, state)
+        mel = mel.float()  # the vocoder's precision, whatever the flow's
         if len(group) > 1:
             self.batched_calls += 1
         split = [state] if len(group) == 1 else flow.split_states(state, len(group))
@@ -267,7 +326,7 @@ class AcousticWorker:
 
     def _vocoder(self, group: list[_Job]) -> list[_Out]:
         """PCM and the new vocoder state of each job."""
-        voc = self.model.vocoder
+        voc = self._vocoder_of(group[0])
         mels = [j.mel for j in group if j.mel is not None]
         vstates = [j.stream.vocoder_state or voc.initial_state() for j in group]
         state = vstates[0] if len(group) == 1 else voc.cat_states(vstates)
@@ -280,15 +339,25 @@ class AcousticWorker:
     def _vocoder_commit(self, job: _Job, out: _Out) -> None:
         state, pcm = out
         job.stream.vocoder_state = state
+        job.stream.audible = job.stream.audible or pcm.shape[-1] > 0
         self._finish(job, pcm.cpu().numpy().copy())
 
     def _finish(self, job: _Job, audio: np.ndarray) -> None:
+        job.times.vocoder_end = time.monotonic()
         frames: list[np.ndarray] = []
         if job.stream.framer is not None:
             frames = job.stream.framer.frames(audio)
             if job.final:
                 frames += job.stream.framer.flush()
-        job.done(ChunkResult(audio, frames, (time.perf_counter() - job.t0) * 1000))
+        job.times.framed = time.monotonic()
+        ms = (time.perf_counter() - job.t0) * 1000
+        job.done(ChunkResult(audio, frames, ms, job.times))
+
+
+def _stamp(jobs: list[_Job], point: str) -> None:
+    now = time.monotonic()
+    for j in jobs:
+        setattr(j.times, point, now)
 
 
 def _group(jobs: list[_Job], key: Callable[[_Job], object]) -> list[list[_Job]]:

@@ -50,19 +50,40 @@ class EmbeddedEngine:
         lm: LMBackend | None = None,
         metrics: Metrics | None = None,
         acoustic_batching: AcousticBatching = "invariant",
+        prefix_cache: bool = True,
+        int8_prefill: bool = False,
+        int8_decode: bool = False,
+        flow_dtype: torch.dtype | None = None,
+        first_audio_first: bool = False,
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
         turn's chunks alone (audio bit-identical whatever runs beside it), "batched" runs
-        chunks of several turns as one batch (see engine/acoustic.py)."""
+        chunks of several turns as one batch (see engine/acoustic.py). `prefix_cache`:
+        the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py).
+        `int8_prefill`, `int8_decode`: its prompt prefills, its decode steps run int8
+        layers (model/quantize.py).
+        `flow_dtype`: the acoustic worker's flow precision (None: the model's).
+        `first_audio_first`: while the acoustic worker computes a turn's first chunk, the
+        embedded LM decodes only for turns that have no audio on the way either (the
+        others sit out, as when they are far ahead), so the first audio gets the CPU."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model
         self.metrics = metrics or Metrics()
-        self.lm: LMBackend = lm or EmbeddedLM(model, max_batch=max_batch)
+        self.lm: LMBackend = lm or EmbeddedLM(
+            model,
+            max_batch=max_batch,
+            prefix_cache=prefix_cache,
+            int8_prefill=int8_prefill,
+            int8_decode=int8_decode,
+        )
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
-        self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching)
+        self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching, flow_dtype)
+        if first_audio_first and isinstance(self.lm, EmbeddedLM):
+            acoustic = self.acoustic
+            self.lm.yield_to = lambda: acoustic.first_chunks > 0
         self.metrics.info.info({"model": model.name, "engine": self.name})
 
     async def ready(self) -> bool:

@@ -23,9 +23,11 @@ import torch
 
 from ..model.contract import STOP_TOKENS, Voice
 from ..model.lm import KVPool
+from ..model.quantize import int8_layers
 from ..model.sampling import SamplingParams, sample_token
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
+from .lm_prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,11 @@ class TokenStream:
         self.cached_tokens = 0
         self.fed = 0  # tokens produced (written by the engine thread only)
         self.taken = 0  # tokens the turn has read (written by the event loop only)
+        self.submitted = time.monotonic()
+        self.first_token_at: float | None = None  # when the first token was produced
+        # Its turn has no audio on the way yet: it is on a listener's critical path
+        # (the turn sets it False once its first chunk is handed over).
+        self.urgent = True
 
     @property
     def backlog(self) -> int:
@@ -59,8 +66,13 @@ class TokenStream:
     # called from the engine thread
     def feed(self, item: list[int] | BaseException | None) -> None:
         if isinstance(item, list):
+            if not self.fed:
+                self.first_token_at = time.monotonic()
             self.fed += len(item)
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # its loop is closed: the reader is gone, nothing to tell
+            pass
 
     def __aiter__(self) -> TokenStream:
         return self
@@ -88,6 +100,7 @@ class TokenStream:
 class _Request:
     text_ids: list[int]  # prompt text + target text
     speech_ids: list[int]  # the voice's prompt speech tokens
+    prefix: tuple[int, ...]  # the voice's prompt text (the start of text_ids)
     params: SamplingParams
     min_len: int
     max_len: int
@@ -113,10 +126,23 @@ class EmbeddedLM:
         max_batch: int = 16,
         max_len: int = 2048,
         max_backlog: int = MAX_BACKLOG,
+        prefix_cache: bool = True,
+        int8_prefill: bool = False,
+        int8_decode: bool = False,
     ) -> None:
+        """`prefix_cache`: keep each voice's `[sos, prompt text]` keys/values and start
+        later prefills after them (lm_prefix.py); False prefills every prompt whole.
+        `int8_prefill`, `int8_decode`: prefills, decode steps run int8 copies of the
+        decoder layers (CPU only; model/quantize.py)."""
         self.model = model
+        self.prefix_cache = PrefixCache() if prefix_cache else None
+        self._prefill_layers = int8_layers(model.lm) if int8_prefill else None
+        self._decode_layers = int8_layers(model.lm) if int8_decode else None
         self.max_backlog = max_backlog
         self._all_paused = False
+        # While this says so (the acoustic worker is on a turn's first chunk), requests
+        # that are not urgent sit out decode steps: the first audio gets the CPU first.
+        self.yield_to: Callable[[], bool] | None = None
         self.max_batch = max_batch
         self.max_len = max_len
         self._pool = KVPool(model.lm.cfg, max_batch, max_len, model.device)
@@ -166,7 +192,8 @@ class EmbeddedLM:
         req: _Request
         stream = TokenStream(loop, lambda: setattr(req, "cancelled", True))
         stream.prompt_tokens = prompt_len
-        req = _Request(prompt_ids, speech_ids, params, min_len, max_len, stream, gen)
+        prefix = tuple(voice.lm_text_ids)
+        req = _Request(prompt_ids, speech_ids, prefix, params, min_len, max_len, stream, gen)
         self._incoming.put(req)
         return stream
 
@@ -205,9 +232,20 @@ class EmbeddedLM:
             self._active.append(req)
             self.metrics.lm_wait.observe(time.monotonic() - req.queued)
             try:
-                prompt = self.model.lm.prompt_embeds(req.text_ids, req.speech_ids)
-                logits = self.model.lm.forward_embeds(
-                    prompt, self._pool, self._ids([req.slot]), self._ids([0])
+                lm = self.model.lm
+                prompt = lm.prompt_embeds(req.text_ids, req.speech_ids)
+                start = 0
+                if self.prefix_cache is not None and req.prefix:
+                    start, hit = self.prefix_cache.fill(
+                        lm, req.prefix, prompt, self._pool, req.slot, self._prefill_layers
+                    )
+                    req.stream.cached_tokens = start if hit else 0
+                logits = lm.forward_embeds(
+                    prompt[:, start:],
+                    self._pool,
+                    self._ids([req.slot]),
+                    self._ids([start]),
+                    self._prefill_layers,
                 )
                 req.length = prompt.shape[1]
                 self._emit(req, logits[0].float().cpu())
@@ -220,6 +258,8 @@ class EmbeddedLM:
         reqs = list(self._active)
         if not self._waiting:  # slots are not scarce: far-ahead requests may sit out
             reqs = [r for r in reqs if r.stream.backlog < self.max_backlog]
+            if self.yield_to is not None and self.yield_to():
+                reqs = [r for r in reqs if r.stream.urgent]
         self._all_paused = bool(self._active) and not reqs
         if not reqs:
             return
@@ -243,7 +283,7 @@ class EmbeddedLM:
         slots = self._ids([r.slot for r in reqs])
         start = self._ids([r.length for r in reqs])
         logits = self.model.lm.forward_embeds(
-            self.model.lm.embed_speech(tokens), self._pool, slots, start
+            self.model.lm.embed_speech(tokens), self._pool, slots, start, self._decode_layers
         )
         self.steps += 1
         self.metrics.lm_batch.observe(len(reqs))

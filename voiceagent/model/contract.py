@@ -100,6 +100,12 @@ class VocoderStage(nn.Module):
         """Chunks of several sessions run as one batch only when their keys are equal."""
         return (frames, final)
 
+    def variant(self, hold_back: int, crossfade: int = 0) -> VocoderStage:
+        """This vocoder (the same weights) holding back at most `hold_back` mel frames of
+        audio for right context, crossfading seams over `crossfade` frames. A vocoder
+        that holds nothing back returns itself."""
+        return self
+
     def cat_states(self, states: Sequence[State]) -> State:
         return cat_states(list(states))
 

@@ -8,6 +8,7 @@ many turns run as one batch while each turn keeps its own cache rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -194,13 +195,23 @@ class SpeechLM(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
         return emb.cos(), emb.sin()
 
-    def forward_embeds(self, x: Tensor, pool: KVPool, slots: Tensor, start: Tensor) -> Tensor:
+    def forward_embeds(
+        self,
+        x: Tensor,
+        pool: KVPool,
+        slots: Tensor,
+        start: Tensor,
+        layers: Sequence[DecoderLayer] | None = None,
+    ) -> Tensor:
         """Run new positions of each row through the decoder; returns speech logits of the
-        last position of each row, [b, speech_vocab]."""
+        last position of each row, [b, speech_vocab]. `layers`: stand-ins for the decoder
+        layers (reduced-precision copies, model/quantize.py)."""
         t = x.shape[1]
         rope = self._rope(start[:, None] + torch.arange(t, device=x.device)[None, :])
         backbone = self.llm.model.model
-        for i, layer in enumerate(cast(list[DecoderLayer], backbone.layers)):
+        if layers is None:
+            layers = cast(list[DecoderLayer], backbone.layers)
+        for i, layer in enumerate(layers):
             h = layer.input_layernorm(x)
             x = x + layer.self_attn(h, rope, pool, i, slots, start)
             x = x + layer.mlp(layer.post_attention_layernorm(x))

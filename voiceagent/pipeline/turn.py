@@ -18,7 +18,7 @@ import torch
 
 from ..audio.format import MODEL_RATE
 from ..audio.framing import Framer
-from ..engine.acoustic import AcousticStream, ChunkResult
+from ..engine.acoustic import AcousticStream, ChunkResult, ChunkTimes
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import EngineError, EngineUnavailable, TokenStream
 from ..model.contract import PAD_TOKEN, Voice
@@ -57,6 +57,12 @@ class TurnSettings:
     speed: float = 1.0
     frames: FrameFormat = FrameFormat()
     language: str = "auto"  # picks the text normalization (numbers, symbols)
+    # Mel frames of audio the vocoder holds back for right context: None is the model's
+    # exact hold-back (HiFT: 20 frames, 400 ms before the first audio); fewer frames
+    # give audio sooner, approximately (`VocoderStage.variant`), crossfaded over
+    # `crossfade` frames at each chunk seam.
+    hold_back: int | None = None
+    crossfade: int = 0
 
 
 @dataclass
@@ -72,6 +78,14 @@ class TurnStats:
     chunks: int = 0
     # time spent waiting for the consumer (output bound reached) before last_audio
     held_s: float = 0.0
+    # Where the first audio's time went (time.monotonic; see bench/first_packet.py):
+    # the first LM request handed over, its first token, and the acoustic worker's
+    # timestamps of the turn's first chunk and of its first chunk that yielded audio.
+    lm_submitted: float | None = None
+    first_token: float | None = None
+    first_chunk: ChunkTimes | None = None
+    first_audible: ChunkTimes | None = None
+    first_audible_chunk: int = 0  # 1-based
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -188,7 +202,9 @@ class Turn:
         s = self.settings
         try:
             framer = Framer(s.frames.sample_rate, s.frames.tail_samples)
-            self._acoustic = self.engine.acoustic.new_stream(s.voice, s.speed, framer)
+            self._acoustic = self.engine.acoustic.new_stream(
+                s.voice, s.speed, framer, s.hold_back, s.crossfade
+            )
             if self.streaming:
                 await self._run_streaming()
             else:
@@ -218,9 +234,11 @@ class Turn:
             min_len=int(n * lo),
             max_len=max(1, min(int(n * hi), self.max_segment_tokens or 1 << 30)),
         )
+        self._lm.urgent = self.stats.chunks == 0  # later segments: audio is on the way
         self.stats.prompt_tokens += self._lm.prompt_tokens
         if self.stats.synth_start is None:
             self.stats.synth_start = time.monotonic()
+            self.stats.lm_submitted = self._lm.submitted
         return self._lm
 
     async def _run_streaming(self) -> None:
@@ -230,9 +248,12 @@ class Turn:
             pending: list[int] = []
             first = len(self.tokens)
             async for new in (lm := await self._tokens_of(segment)):
+                if self.stats.first_token is None:
+                    self.stats.first_token = lm.first_token_at
                 self.tokens += new
                 pending += new
                 while len(pending) >= (n := self.schedule.size(self.stats.chunks)) + look:
+                    lm.urgent = False  # its first chunk is on the way
                     await self._chunk(pending[: n + look], final=False)
                     pending = pending[n:]
             self.stats.cached_tokens += lm.cached_tokens
@@ -266,6 +287,11 @@ class Turn:
         result: ChunkResult = await self.engine.acoustic.synthesize(self._acoustic, tokens, final)
         if not np.isfinite(result.pcm).all():  # a broken model must not reach a listener
             raise EngineError("the acoustic model produced non-finite audio")
+        if self.stats.first_chunk is None:
+            self.stats.first_chunk = result.times
+        if self.stats.first_audible is None and result.frames:
+            self.stats.first_audible = result.times
+            self.stats.first_audible_chunk = self.stats.chunks + 1
         self.stats.chunks += 1
         self.stats.audio_samples += len(result.pcm)
         self.stats.tokens = len(self.tokens)

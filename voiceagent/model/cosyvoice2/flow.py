@@ -40,6 +40,12 @@ State layout and batching:
   A chunk's projections, convolutions and feed-forwards see only its own frames; its
   attention reads the cache, which grows linearly (attention scores and the relative-
   position table are the only work that grows with position).
+  The estimator's keys/values of the voice prompt are kept apart (`*.pk`, `*.pv`, set by
+  `initial_state`): every turn of the voice reads the same tensors and its own `*.k`,
+  `*.v` hold only its frames, so the prompt (about 10 MB per prompt token at full size
+  in float32) is neither copied at a turn's first chunk nor held once per turn.
+  Attention then runs over the two parts without concatenating them. Batching and
+  padding work on the one-part layout (`_merged`), which costs that copy.
   Batching: states with equal cache length concatenate with plain `torch.cat` along dim 0
   (the engine's `cat_states`, grouped by `cache_length`), and any batch splits back with
   `torch.chunk`. States of different lengths concatenate with `CosyFlow.cat_states`,
@@ -122,6 +128,19 @@ def _kv_rate(key: str, ratio: int) -> int | None:
     if not key.endswith((".k", ".v")):
         return None
     return 1 if key.startswith("enc.") else ratio
+
+
+def _merged(st: State) -> State:
+    """The state with each shared prompt part (`.pk`, `.pv`) put in front of its turn's
+    own keys/values (a copy): the one-part layout batching and padding work on."""
+    if "s0.a0.pk" not in st:
+        return st
+    out = {k: v for k, v in st.items() if not k.endswith((".pk", ".pv"))}
+    for key in st:
+        if key.endswith((".pk", ".pv")):
+            own = key[:-3] + "." + key[-1]  # "x.pk" -> "x.k"
+            out[own] = torch.cat([st[key], st[own]], dim=2)
+    return out
 
 
 class FlowMatching(nn.Module):
@@ -353,6 +372,11 @@ class CosyFlow(FlowStage):
         for a in range(0, primed, cfg.static_chunk_size):
             e = min(a + cfg.static_chunk_size, primed)
             self._advance_state(tokens[None, a : e + look], spk, cond[:, :, r * a : r * e], st)
+        # The estimator's keys/values of the prompt become a shared part that turns read
+        # and never copy (a turn's state holds its own frames only).
+        for key in [k for k in st if k.startswith("s") and k.endswith((".k", ".v"))]:
+            st[key[:-2] + ".p" + key[-1]] = st[key]
+            st[key] = st[key][:, :, :0]
         st["pending"] = torch.cat([st["pending"][:, k:], tokens[None, primed:]], 1)
         st["pending_cond"] = torch.cat(
             [st["pending_cond"][:, :, r * k :], cond[:, :, r * primed :]], 2
@@ -362,7 +386,7 @@ class CosyFlow(FlowStage):
 
     def _advance_state(self, tokens: Tensor, spk: Tensor, cond: Tensor, st: State) -> Tensor:
         """Run new tokens against a state (updated in the dict, tensors replaced)."""
-        past = st["s0.a0.k"].shape[2] // self.cfg.token_mel_ratio
+        past = self.cache_length(st)
         x = self._advance(tokens, spk, cond, Cache(st), st["frame"], st["pad"], past, None)
         st["frame"] = st["frame"] + x.shape[2]
         return x
@@ -386,7 +410,9 @@ class CosyFlow(FlowStage):
                 for i, s in enumerate(sessions)
             ]
             return torch.cat([o[0] for o in outs]), self.cat_states([o[1] for o in outs])
-        st = self._trim(dict(state))
+        st = dict(state)
+        if bool(st["pad"].any()):  # padded slots are dropped from the one-part layout
+            st = self._trim(_merged(st))
         k = int(pending[0])
         look = cfg.pre_lookahead
         cond = self.encoder_proj.weight.new_zeros(b, cfg.mel_bins, r * n)
@@ -404,7 +430,8 @@ class CosyFlow(FlowStage):
     def cache_length(self, state: State) -> int:
         """Token positions held by the attention caches (padding included): states with
         equal lengths concatenate with plain torch.cat."""
-        return state["s0.a0.k"].shape[2] // self.cfg.token_mel_ratio
+        shared = state["s0.a0.pk"].shape[2] if "s0.a0.pk" in state else 0
+        return (shared + state["s0.a0.k"].shape[2]) // self.cfg.token_mel_ratio
 
     def _trim(self, st: State) -> State:
         """Drop cache slots that are padding in every row (views, no copy)."""
@@ -420,7 +447,7 @@ class CosyFlow(FlowStage):
     def cat_states(self, states: Sequence[State]) -> State:
         """Concatenate session states of any cache lengths (shorter ones are left-padded
         and masked); undo with `split_states` or torch.chunk along dim 0."""
-        trimmed = [self._trim(dict(s)) for s in states]
+        trimmed = [self._trim(_merged(dict(s))) for s in states]
         longest = max(self.cache_length(s) for s in trimmed)
         out: State = {}
         for key in trimmed[0]:

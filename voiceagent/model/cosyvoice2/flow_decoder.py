@@ -83,8 +83,28 @@ class Attention(nn.Module):
 
         q = heads(self.to_q(x))
         k, v = cache.kv(prefix + self.cache_key, heads(self.to_k(x)), heads(self.to_v(x)))
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        shared = cache.shared(prefix + self.cache_key)
+        if shared is None:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            o = _two_part_attention(q, shared, (k, v), mask)
         return cast(Tensor, self.to_out[0](o.transpose(1, 2).reshape(b, n, -1)))
+
+
+def _two_part_attention(
+    q: Tensor, first: tuple[Tensor, Tensor], second: tuple[Tensor, Tensor], mask: Tensor | None
+) -> Tensor:
+    """Softmax attention over the keys of `first` followed by those of `second`, without
+    concatenating the keys (only the scores, [rows, heads, n, keys], which are small):
+    the first part is a voice prompt's cache, read by every turn and copied by none."""
+    (k1, v1), (k2, v2) = first, second
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.cat([q @ k1.transpose(-2, -1), q @ k2.transpose(-2, -1)], dim=-1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -float("inf"))
+    p = scores.softmax(dim=-1)
+    split = k1.shape[2]
+    return p[..., :split] @ v1 + p[..., split:] @ v2
 
 
 class GeluProj(nn.Module):

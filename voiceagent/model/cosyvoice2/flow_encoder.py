@@ -50,6 +50,14 @@ class Cache:
         self.st[key + ".k"], self.st[key + ".v"] = k, v
         return k, v
 
+    def shared(self, key: str) -> tuple[Tensor, Tensor] | None:
+        """Keys/values that come before `kv`'s and are never copied or written: a voice
+        prompt's, shared by every turn of the voice (`.pk`, `.pv`); None if there are
+        none (they are then part of `kv`'s)."""
+        if self.st is None or key + ".pk" not in self.st:
+            return None
+        return self.st[key + ".pk"], self.st[key + ".pv"]
+
 
 def attention_mask(pad: Tensor, past: int, n: int, block: Tensor | None) -> Tensor | None:
     """Which keys each of n new queries may read: [rows, 1, n, past + n] (True = read).

@@ -21,6 +21,7 @@ The configuration and the receptive field it implies are in hift_config.py.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from typing import cast
@@ -155,13 +156,23 @@ class HiFT(VocoderStage):
         self.register_buffer("window", hann.float(), persistent=False)
 
         self.left_context, self.exact_hold_back = receptive_field(cfg)
+        self.samples_per_frame = cfg.samples_per_frame
+        self._set_hold_back(hold_back, crossfade)
+
+    def _set_hold_back(self, hold_back: int | None, crossfade: int) -> None:
         self.hold_back = self.exact_hold_back if hold_back is None else hold_back
         if not 0 <= self.hold_back <= self.exact_hold_back:
             raise ValueError(f"hold_back must be in [0, {self.exact_hold_back}]")
         # A shorter hold-back crossfades the seams over `crossfade` of the held frames.
         exact = self.hold_back == self.exact_hold_back
         self.crossfade = 0 if exact else min(crossfade, self.hold_back)
-        self.samples_per_frame = cfg.samples_per_frame
+
+    def variant(self, hold_back: int, crossfade: int = 0) -> HiFT:
+        """The same vocoder (shared weights and buffers) with another hold-back; the
+        exact one if `hold_back` is at least the receptive field."""
+        other = copy.copy(self)  # shallow: parameters and buffers are the same tensors
+        other._set_hold_back(min(hold_back, self.exact_hold_back), crossfade)
+        return other
 
     # -- streaming -----------------------------------------------------------------------
 
@@ -216,9 +227,13 @@ class HiFT(VocoderStage):
         new["pos"] = state["pos"] + m
         if k == 0:  # nothing to emit yet: the phase anchor is still before the turn
             return window.new_zeros(b, 0), new
-        audio, phase = self._synthesize(window, pos_list, state["phase"], m)
+        # Early in a turn most of the window lies before the turn's first frame, where
+        # every layer sees zeros, exactly as at a window's own zero padding: compute from
+        # one such frame on (the first chunk costs its own frames, not the whole window).
+        trim = max(min(max(self.context - p, 0) for p in pos_list) - 1, 0)
+        audio, phase = self._synthesize(window[:, :, trim:], pos_list, state["phase"], m, trim)
         new["phase"] = phase
-        end = self.context + m if final else self.left_context + m  # window frames
+        end = (self.context + m if final else self.left_context + m) - trim  # window frames
         out = audio[:, (end - k) * spf : end * spf]
         if self.crossfade:
             out, tail = self._crossfade(out, audio, state["tail"], pos_list, end)
@@ -249,14 +264,15 @@ class HiFT(VocoderStage):
     # -- one window ----------------------------------------------------------------------
 
     def _synthesize(
-        self, mel: Tensor, pos: list[int], phase: Tensor, m: int
+        self, mel: Tensor, pos: list[int], phase: Tensor, m: int, trim: int = 0
     ) -> tuple[Tensor, Tensor]:
         """Audio of every frame of a window [b, in, W] whose last frame is received frame
-        pos + m - 1, and the phase at the anchor moved by m frames."""
+        pos + m - 1, and the phase at the anchor moved by m frames. `trim`: frames cut
+        from the front of the full window, all before the turn's first frame but one."""
         cfg = self.cfg
         width = mel.shape[2]
         # Window frames before the turn's first frame ("virtual"), per session.
-        virtual = [max(self.context - p, 0) for p in pos]
+        virtual = [max(self.context - p, 0) - trim for p in pos]
         vt = torch.tensor(virtual, device=mel.device)
 
         def mask(rate: int, extra: int = 0) -> Tensor | None:
@@ -268,7 +284,7 @@ class HiFT(VocoderStage):
         f0 = self.f0_predictor(mel, mask(1))
         if max(virtual):
             f0 = f0 * (torch.arange(width, device=mel.device) >= vt[:, None])
-        s, phase = self._source(f0, phase, pos, vt, m)
+        s, phase = self._source(f0, phase, pos, vt, m, trim)
         top = math.prod(cfg.upsample_rates)  # STFT frames (and last stage steps) per frame
         spec = _masked(self._stft(s, vt), mask(top, 1))
 
@@ -291,7 +307,7 @@ class HiFT(VocoderStage):
         return self._istft(x, vt, top), phase
 
     def _source(
-        self, f0: Tensor, phase: Tensor, pos: list[int], vt: Tensor, m: int
+        self, f0: Tensor, phase: Tensor, pos: list[int], vt: Tensor, m: int, trim: int = 0
     ) -> tuple[Tensor, Tensor]:
         """Harmonic-plus-noise excitation [b, W * 480] of a window from frame F0 [b, W].
 
@@ -306,7 +322,9 @@ class HiFT(VocoderStage):
         harm = torch.arange(1, cfg.nb_harmonics + 2, dtype=torch.float64, device=f0.device)
         rad = (f0[:, :, None] * harm / cfg.sampling_rate) % 1.0  # [b, W, H]
         total = rad.cumsum(1)
-        anchor = F0_CONVS
+        # The anchor's window frame; when trimmed away it was before the turn, where the
+        # running sum is still 0, as at the (virtual) first frame of a trimmed window.
+        anchor = max(F0_CONVS - trim, 1)
         rel = total - total[:, anchor - 1 : anchor]
         n = width * spf
         t = (torch.arange(n, dtype=torch.float64, device=f0.device) + 0.5) / spf - 0.5
@@ -320,13 +338,13 @@ class HiFT(VocoderStage):
         turns = spf * (phase[:, None, :] + r0 + lam * (r1 - r0))
         sines = cfg.nsf_alpha * torch.sin(2 * math.pi * (turns % 1.0))
         uv = (f0 > cfg.nsf_voiced_threshold).repeat_interleave(spf, dim=1)[:, :, None]
-        first = torch.tensor([spf * (p - self.context) for p in pos], device=f0.device)
+        first = torch.tensor([spf * (p - self.context + trim) for p in pos], device=f0.device)
         idx = (first[:, None] + torch.arange(n, device=f0.device)) % _NOISE_PERIOD
         noise = self.noise[idx].double()  # [b, n, H]
         amp = torch.where(uv, cfg.nsf_sigma, cfg.nsf_alpha / 3)
         waves = (torch.where(uv, sines, 0.0) + amp * noise).to(self.noise.dtype)
         s = torch.tanh(self.m_source.l_linear(waves))[:, :, 0]
-        new_phase = (phase + rel[:, anchor - 1 + m]) % 1.0
+        new_phase = (phase + rel[:, max(F0_CONVS - 1 + m - trim, 0)]) % 1.0
         return s, new_phase
 
     def _stft(self, s: Tensor, vt: Tensor) -> Tensor:
