@@ -12,6 +12,7 @@ Tokens reach the asyncio side through `TokenStream`, an async iterator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -69,10 +70,9 @@ class TokenStream:
             if not self.fed:
                 self.first_token_at = time.monotonic()
             self.fed += len(item)
-        try:
+        # (a closed loop raises: its reader is gone, there is nothing to tell)
+        with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # its loop is closed: the reader is gone, nothing to tell
-            pass
 
     def __aiter__(self) -> TokenStream:
         return self
