@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import torch
 
 from voiceagent import cli, config
 from voiceagent.cli import main
@@ -317,6 +318,25 @@ def test_the_engine_is_built_from_the_settings(tmp_path, monkeypatch, tiny_model
     assert engine.lm.max_batch == 3  # type: ignore[attr-defined]
     flag = config.load(file, {"engine.acoustic_batching": "invariant"}).settings
     assert cli.build_engine(flag, tiny_model).acoustic.batching == "invariant"
+
+
+def test_the_fast_paths_are_settings(tmp_path, tiny_model):
+    default = cli.build_engine(config.Settings(), tiny_model)
+    assert default.lm._prefill_layers is None and default.lm._decode_layers is None  # type: ignore[attr-defined]
+    assert default.acoustic.flow is tiny_model.flow
+    assert default.lm.yield_to is not None  # type: ignore[attr-defined]  # first-audio
+    assert config.Settings().server_config().playout.hold_back == 4
+    file = toml_file(
+        tmp_path,
+        '[engine]\nlm_int8 = "all"\nflow_precision = "bfloat16"\npriority = "fair"\n'
+        "[playout]\nvocoder_hold_back = -1\n",
+    )
+    settings = config.load(file).settings
+    engine = cli.build_engine(settings, tiny_model)
+    assert engine.lm._prefill_layers is not None and engine.lm._decode_layers is not None  # type: ignore[attr-defined]
+    assert next(engine.acoustic.flow.parameters()).dtype == torch.bfloat16
+    assert engine.lm.yield_to is None  # type: ignore[attr-defined]
+    assert settings.server_config().playout.hold_back is None  # the model's exact hold-back
 
 
 # -- the example file -------------------------------------------------------------------

@@ -35,6 +35,8 @@ def _settings(args: argparse.Namespace) -> config.Loaded | None:
 
 def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngine:
     """The engine `serve` runs: the [engine] settings over `model`."""
+    import torch
+
     from .engine.embedded import EmbeddedEngine
 
     engine_settings = settings.engine
@@ -54,6 +56,10 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         threads=engine_settings.threads or None,
         lm=lm,
         acoustic_batching=engine_settings.acoustic_batching,
+        int8_prefill=engine_settings.lm_int8 != "off",
+        int8_decode=engine_settings.lm_int8 == "all",
+        flow_dtype=torch.bfloat16 if engine_settings.flow_precision == "bfloat16" else None,
+        first_audio_first=engine_settings.priority == "first-audio",
     )
 
 

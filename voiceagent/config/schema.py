@@ -99,6 +99,13 @@ class PlayoutSection(Section):
     max_speech_s: float = setting(
         60.0, "ceiling on one text segment's speech, in seconds", "--max-speech-s", ge=0.04
     )  # 0.04 s: one speech token
+    vocoder_hold_back: int = setting(
+        4,
+        "mel frames (20 ms each) the vocoder holds back for right context: fewer give audio "
+        "sooner, approximately; -1: the model's exact hold-back (HiFT: 20 frames)",
+        "--vocoder-hold-back",
+        ge=-1,
+    )
     webrtc_buffer_ms: int = setting(
         200, "WebRTC: audio queued on a track ahead of real time, in ms", "--webrtc-buffer-ms", ge=0
     )
@@ -146,6 +153,24 @@ class EngineSection(Section):
         "invariant: each turn's chunks run alone, its audio bit-identical whatever runs "
         "beside it; batched: chunks of several turns run as one batch",
         "--acoustic-batching",
+    )
+    lm_int8: Literal["off", "prefill", "all"] = setting(
+        "off",
+        "embedded LM on CPU: run prompt prefills (prefill) or prefills and decode steps (all) "
+        "through int8 copies of its layers; faster, approximate (bench first-packet reports "
+        "how far the logits move)",
+        "--lm-int8",
+    )
+    flow_precision: Literal["float32", "bfloat16"] = setting(
+        "float32",
+        "the acoustic worker's flow: bfloat16 halves its per-turn cache, approximate",
+        "--flow-precision",
+    )
+    priority: Literal["first-audio", "fair"] = setting(
+        "first-audio",
+        "first-audio: while a turn's first chunk is on the acoustic worker, the embedded LM "
+        "works only for turns with no audio out yet either; fair: the LM never sits out",
+        "--priority",
     )
     sglang_url: str = setting(
         "", "SGLang server, e.g. http://127.0.0.1:30000 (kind sglang)", "--sglang-url"
@@ -315,6 +340,7 @@ class Settings(BaseSettings):
                 schedule=ChunkSchedule(playout.chunks),
                 max_segment_tokens=int(playout.max_speech_s * 25),
                 max_ahead_ms=playout.max_ahead_ms,
+                hold_back=None if playout.vocoder_hold_back < 0 else playout.vocoder_hold_back,
             ),
             voices_dir=self.voices_dir(),
             roles_file=Path(server.roles) if server.roles else None,

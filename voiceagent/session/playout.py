@@ -19,6 +19,8 @@ class PlayoutConfig:
     # Audio a turn may synthesize ahead of sending (0: unbounded). Beyond it the turn's
     # flow/vocoder work waits, so a barge-in wastes at most this much.
     max_ahead_ms: int = 5000
+    # Mel frames the vocoder holds back at a chunk's end (None: the model's exact amount).
+    hold_back: int | None = None
 
 
 @dataclass(frozen=True)

@@ -269,6 +269,7 @@ class SessionRunner:
             speed=s.speed,
             frames=FrameFormat(encoder.sample_rate, encoder.tail_samples),
             language=s.language,
+            hold_back=self.playout.hold_back,
         )
 
     def _drop(self, num: int) -> None:
