@@ -37,7 +37,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
     """The engine `serve` runs: the [engine] settings over `model`."""
     import torch
 
-    from .engine.embedded import EmbeddedEngine
+    from .engine.embedded import EmbeddedEngine, default_threads
 
     engine_settings = settings.engine
     lm = None
@@ -53,7 +53,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
     return EmbeddedEngine(
         model,
         max_batch=engine_settings.max_batch,
-        threads=engine_settings.threads or None,
+        threads=engine_settings.threads or default_threads(),
         lm=lm,
         acoustic_batching=engine_settings.acoustic_batching,
         int8_prefill=engine_settings.lm_int8 != "off",

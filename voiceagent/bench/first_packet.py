@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from ..audio.codecs import OpusEncoder
-from ..engine.embedded import EmbeddedEngine
+from ..engine.embedded import EmbeddedEngine, default_threads
 from ..engine.lm_prefix import PrefixCache
 from ..model.contract import PAD_TOKEN, FlowStage, State, Voice
 from ..model.lm import KVPool
@@ -90,6 +90,7 @@ OPTIMIZED = Mode(
     int8_prefill=True,
     int8_decode=True,
     first_audio_first=True,
+    threads=default_threads(),  # as `serve` sets them
 )
 
 

@@ -147,7 +147,12 @@ class EngineSection(Section):
         "embedded", "where the LM runs: embedded (in process) or sglang", "--engine"
     )
     max_batch: int = setting(16, "LM decode batch (KV slots)", "--max-batch", ge=1)
-    threads: int = setting(0, "torch CPU threads (0: torch's default)", "--threads", ge=0)
+    threads: int = setting(
+        0,
+        "torch CPU threads (0: half the cores, the LM and acoustic threads side by side)",
+        "--threads",
+        ge=0,
+    )
     acoustic_batching: Literal["invariant", "batched"] = setting(
         "invariant",
         "invariant: each turn's chunks run alone, its audio bit-identical whatever runs "

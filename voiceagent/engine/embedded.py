@@ -3,6 +3,7 @@ acoustic worker thread over one model."""
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import torch
@@ -39,6 +40,14 @@ class LMBackend(Protocol):
         min_len: int,
         max_len: int,
     ) -> TokenStream: ...
+
+
+def default_threads() -> int:
+    """torch's intra-op threads when none are set: half the cores, at least one. The LM
+    thread and the acoustic thread compute side by side, and two pools as wide as the
+    machine fight over it (full-size CosyVoice2 on 2 cores: first packet 2.1 s at 1
+    thread, 4.2 s at 2; docs/operations.md, CPU threads)."""
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 class EmbeddedEngine:
