@@ -70,6 +70,11 @@ def test_first_packet_bench_reports_slices_that_add_up(small_dir):
     # both modes chunk alike here (float32 flows): the same distance from the grid
     grid = [report[m]["mel_vs_reference_grid"] for m in ("baseline", "optimized")]
     assert grid[0] == grid[1] and grid[0]["rel_rms"] > 0
+    # a 60 s turn: the window (optimized) keeps the estimator's part at 20 s of it
+    per_token = report["baseline"]["flow_cache_bytes_per_token"]
+    assert per_token == report["optimized"]["flow_cache_bytes_per_token"]
+    whole, windowed = (report[m]["flow_state_bytes_60s_turn"] for m in ("baseline", "optimized"))
+    assert 1500 * per_token <= whole and windowed < 0.5 * whole
     prefill = report["lm_prefill"]
     assert prefill["cached_positions"] < prefill["prompt_positions"]
     assert prefill["int8_decode_logits_max_abs"] < 0.1 * prefill["logits_max_abs"]
@@ -277,3 +282,32 @@ def test_the_lm_lets_first_audio_go_first(tiny_model):
     finally:
         lm.stop()
     assert held <= 2 < later and steps > 0
+
+
+def test_a_windowed_flow_stops_growing_and_matches_until_the_window_fills(small):
+    """The estimator reads back at most the window of a turn's own frames (the voice
+    prompt's always): the state stops growing there; until it is full, the mel is the
+    unwindowed flow's exactly."""
+    voice, flow = small.voices["agent"], small.flow
+    spk, look = voice.embedding[None], small.pre_lookahead
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 6561, (120,), generator=gen).tolist() + [-1] * look
+
+    def stream(f: Any) -> tuple[torch.Tensor, list[int]]:
+        state, mels, sizes = f.initial_state(voice), [], []
+        for done in range(0, 120, 20):
+            mel, state = f.forward_chunk(torch.tensor([ids[done : done + 20 + look]]), spk, state)
+            mels.append(mel)
+            own = [t for k, t in state.items() if k.startswith("s") and k.endswith((".k", ".v"))]
+            sizes.append(sum(t.shape[2] for t in own))  # the estimator's own frames
+        return torch.cat(mels, 2), sizes
+
+    whole, grown = stream(flow)
+    windowed, held = stream(flow.windowed(40))
+    assert grown == sorted(grown) and grown[-1] > grown[1]
+    assert held[1:] == [held[1]] * 5  # full after two chunks (40 tokens), then flat
+    r = small.flow.cfg.token_mel_ratio
+    # chunks 1 and 2 read all the past (chunk 3 not quite: the first chunk also holds the
+    # prompt's last 3 tokens)
+    assert torch.equal(windowed[:, :, : 40 * r], whole[:, :, : 40 * r])
+    assert not torch.equal(windowed, whole)  # later frames read less of the past

@@ -60,6 +60,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         int8_decode=engine_settings.lm_int8 == "all",
         flow_dtype=torch.bfloat16 if engine_settings.flow_precision == "bfloat16" else None,
         first_audio_first=engine_settings.priority == "first-audio",
+        flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
     )
 
 

@@ -77,6 +77,7 @@ class Mode:
     # the modes' turns never overlap); None: as the process started
     threads: int | None = None
     first_audio_first: bool = False  # EmbeddedEngine(first_audio_first=...)
+    flow_window_s: float | None = None  # EmbeddedEngine(flow_window=...), in seconds
 
     def torch_flow_dtype(self) -> torch.dtype | None:
         return None if self.flow_dtype is None else getattr(torch, self.flow_dtype)
@@ -91,6 +92,7 @@ OPTIMIZED = Mode(
     int8_decode=True,
     first_audio_first=True,
     threads=default_threads(),  # as `serve` sets them
+    flow_window_s=20.0,  # as `serve`'s engine.flow_window_s
 )
 
 
@@ -185,6 +187,30 @@ def flow_cache_bytes_per_token(
     spk = voice.embedding[None].to(model.device)
     _, after = flow.forward_chunk(ids, spk, state)
     return (state_bytes(after) - state_bytes(state)) / tokens
+
+
+@torch.inference_mode()
+def turn_state_bytes(
+    model: SpeechModel, flow: FlowStage, voice: Voice, seconds: float = 60.0, tokens: int = 20
+) -> int:
+    """`flow`'s per-turn state after `seconds` of speech: its growth per token over one
+    chunk, split into the part a window bounds (the estimator's `s*` keys/values) and
+    the rest, extrapolated (25 tokens per second; the window, if any, caps the first)."""
+    look = model.pre_lookahead
+    state = flow.initial_state(voice)
+    ids = torch.tensor([[0] * tokens + [PAD_TOKEN] * look], device=model.device)
+    _, after = flow.forward_chunk(ids, voice.embedding[None].to(model.device), state)
+
+    def split(st: State) -> tuple[int, int]:
+        own = sum(v.nbytes for k, v in st.items() if k.startswith("s") and k.endswith((".k", ".v")))
+        return own, state_bytes(st) - own
+
+    (own0, rest0), (own1, rest1) = split(state), split(after)
+    n = round(seconds * 25)
+    window = getattr(flow, "window_frames", None)  # mel frames (CosyFlow)
+    ratio = getattr(getattr(flow, "cfg", None), "token_mel_ratio", 1)
+    kept = n if window is None else min(n, window // ratio)
+    return round(own0 + rest0 + (own1 - own0) / tokens * kept + (rest1 - rest0) / tokens * n)
 
 
 @torch.inference_mode()
@@ -359,6 +385,7 @@ def measure(
             int8_decode=m.int8_decode,
             flow_dtype=m.torch_flow_dtype(),
             first_audio_first=m.first_audio_first,
+            flow_window=None if m.flow_window_s is None else round(m.flow_window_s * 25),
         )
         for name, m in modes.items()
     }
@@ -392,6 +419,7 @@ def measure(
         report[name] = {
             **_summary(rows[name], first[name]),
             "flow_cache_bytes_per_token": round(flow_cache_bytes_per_token(model, flow, voice)),
+            "flow_state_bytes_60s_turn": turn_state_bytes(model, flow, voice),
             "vocoder_error": {
                 k: round(v, 6) for k, v in hold_back_error(model, voice, mode).items()
             },
@@ -412,7 +440,13 @@ def table(report: dict[str, Any]) -> str:
     ]
     for s in SLICES:
         lines.append(f"{s:<24}" + "".join(f"{report[n]['slices_ms'][s]:>12}" for n in names))
-    for key in ("ttfa_ms_p50", "ttfa_ms_first", "flow_cache_bytes_per_token"):
+    keys = (
+        "ttfa_ms_p50",
+        "ttfa_ms_first",
+        "flow_cache_bytes_per_token",
+        "flow_state_bytes_60s_turn",
+    )
+    for key in keys:
         lines.append(f"{key:<24}" + "".join(f"{report[n][key]:>12}" for n in names))
     for n in names:
         e = report[n]["vocoder_error"]

@@ -171,6 +171,13 @@ class EngineSection(Section):
         "the acoustic worker's flow: bfloat16 halves its per-turn cache, approximate",
         "--flow-precision",
     )
+    flow_window_s: float = setting(
+        20.0,
+        "seconds of a turn's own past audio the flow reads back (0: all): bounds its "
+        "per-turn state; approximate past it (not with acoustic_batching batched)",
+        "--flow-window",
+        ge=0,
+    )
     priority: Literal["first-audio", "fair"] = setting(
         "first-audio",
         "first-audio: while a turn's first chunk is on the acoustic worker, the embedded LM "

@@ -99,12 +99,18 @@ class AcousticWorker:
         metrics: Metrics | None = None,
         batching: AcousticBatching = "invariant",
         flow_dtype: torch.dtype | None = None,
+        flow_window: int | None = None,
     ) -> None:
         """`flow_dtype`: run the flow (weights, activations and its per-turn caches) in
         this precision instead of the model's (torch.bfloat16: half the cache bytes;
-        its error is measured by `voiceagent bench --scenario first-packet`)."""
+        its error is measured by `voiceagent bench --scenario first-packet`).
+        `flow_window`: speech tokens of a turn's own past the flow reads back
+        (`FlowStage.windowed`; None: all). Batched chunks need equal-length caches, so
+        "batched" keeps everything."""
         self.model = model
         self.flow = model.flow if flow_dtype is None else reduced_flow(model.flow, flow_dtype)
+        if flow_window is not None and batching == "invariant":
+            self.flow = self.flow.windowed(flow_window)
         self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None

@@ -64,6 +64,7 @@ class EmbeddedEngine:
         int8_decode: bool = False,
         flow_dtype: torch.dtype | None = None,
         first_audio_first: bool = False,
+        flow_window: int | None = None,
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
@@ -73,6 +74,7 @@ class EmbeddedEngine:
         `int8_prefill`, `int8_decode`: its prompt prefills, its decode steps run int8
         layers (model/quantize.py).
         `flow_dtype`: the acoustic worker's flow precision (None: the model's).
+        `flow_window`: speech tokens of a turn's own past its flow reads back (None: all).
         `first_audio_first`: while the acoustic worker computes a turn's first chunk, the
         embedded LM decodes only for turns that have no audio on the way either (the
         others sit out, as when they are far ahead), so the first audio gets the CPU."""
@@ -89,7 +91,9 @@ class EmbeddedEngine:
         )
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
-        self.acoustic = AcousticWorker(model, self.metrics, acoustic_batching, flow_dtype)
+        self.acoustic = AcousticWorker(
+            model, self.metrics, acoustic_batching, flow_dtype, flow_window
+        )
         if first_audio_first and isinstance(self.lm, EmbeddedLM):
             acoustic = self.acoustic
             self.lm.yield_to = lambda: acoustic.first_chunks > 0

@@ -84,6 +84,12 @@ class FlowStage(nn.Module):
     def split_states(self, state: State, n: int) -> list[State]:
         return split_state(state, n)
 
+    def windowed(self, tokens: int) -> FlowStage:
+        """This flow (the same weights) reading back at most `tokens` of a turn's own
+        past, so that its per-turn state stops growing. A flow whose state does not grow
+        returns itself."""
+        return self
+
 
 class VocoderStage(nn.Module):
     """Mel -> 24 kHz PCM, chunk by chunk."""

@@ -57,6 +57,7 @@ State layout and batching:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -167,6 +168,10 @@ class FlowMatching(nn.Module):
 
 
 class CosyFlow(FlowStage):
+    # The estimator's keys/values of a turn's own frames kept for later chunks; None: all.
+    # (The voice prompt's, shared, and the encoder's, at the token rate, are all kept.)
+    window_frames: int | None = None
+
     def __init__(self, cfg: FlowConfig = FlowConfig()) -> None:
         super().__init__()
         self.cfg = cfg
@@ -423,7 +428,27 @@ class CosyFlow(FlowStage):
             st["pending_cond"] = torch.zeros_like(st["pending_cond"])
             st["pending_n"] = torch.zeros_like(st["pending_n"])
         x = self._advance_state(tokens, self._speaker(spk.to(cond.device, cond.dtype)), cond, st)
+        if self.window_frames is not None:
+            self._forget(st, self.window_frames)
         return x[:, :, r * k :], st
+
+    def windowed(self, tokens: int) -> CosyFlow:
+        """The same flow (shared weights and buffers) whose estimator attends to at most
+        the last `tokens` of a turn's own past (and the whole voice prompt): the state's
+        largest part, ~9 MB per token at full size in float32, stops growing there. Frames
+        further back are no longer read, so the mel of a longer turn moves a little
+        (`voiceagent bench --scenario first-packet` measures how much). Needs the
+        two-part layout: with `acoustic_batching = "batched"` nothing is forgotten."""
+        other = copy.copy(self)  # shallow: parameters and buffers are the same tensors
+        other.window_frames = tokens * self.cfg.token_mel_ratio
+        return other
+
+    def _forget(self, st: State, frames: int) -> None:
+        if "s0.a0.pk" not in st:  # one-part layout (a padded batch): the prompt is in .k
+            return
+        for key, v in st.items():
+            if key.startswith("s") and key.endswith((".k", ".v")) and v.shape[2] > frames:
+                st[key] = v[:, :, v.shape[2] - frames :]
 
     # -- batching --------------------------------------------------------------------------
 
