@@ -1,12 +1,34 @@
 #!/usr/bin/env bash
-# GPU benchmark for one H200-class GPU, embedded engine, full-size random CosyVoice2
-# (writes it to ~/.cache/voiceagent once, ~3 GB). Needs only torch (CUDA build) and
-# voiceagent. Prints one JSON line per scenario; finishes in a few minutes.
-#   bash deploy/gpu-bench.sh [path/to/python]
+# The first-packet and concurrency benches in one command, each within a time budget,
+# on full-size random CosyVoice2 weights (written to ~/.cache/voiceagent once, ~3 GB).
+# Prints one JSON line per bench, the same objects `voiceagent bench --json` prints:
+#   {"bench": "first-packet", "device": ..., "report": {...}}
+#   {"bench": "ws", "device": ..., "report": {...}}
+# Made for a CUDA machine; runs on the CPU too (slowly), which proves the plumbing.
+#   bash deploy/gpu-bench.sh
+# Environment (all optional): PY (python with voiceagent; .venv/bin/python), DEVICE
+# (auto: cuda if torch sees one), MODEL (a model directory instead of the random one),
+# SESSIONS (1,8,32), TURNS (5), STEP_S (seconds each bench may take; 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py="${1:-.venv/bin/python}"
+py="${PY:-.venv/bin/python}"
+device="${DEVICE:-auto}"
+full="$HOME/.cache/voiceagent/cosyvoice2-full-random"
+model="${MODEL:-$full}"
+step_s="${STEP_S:-300}"
 va=("$py" -m voiceagent.cli --log-level warning)
-timeout 240 "${va[@]}" bench --scenario chunk-cost --device cuda --json
-timeout 300 "${va[@]}" bench --model "$HOME/.cache/voiceagent/cosyvoice2-full-random" \
-  --device cuda --sessions 1,8 --turns 2 --max-speech-s 6 --lead-ms 100000 --json
+
+line() {  # bench name, then its JSON report on stdin
+  "$py" -c 'import json, sys; print(json.dumps({"bench": sys.argv[1], "device": sys.argv[2], "report": json.load(sys.stdin)}))' "$1" "$device"
+}
+
+# first packet: baseline vs optimized, slices (writes the random full-size model if needed)
+model_flag=()
+if [[ -n "${MODEL:-}" ]]; then model_flag=(--model "$model"); fi
+timeout "$step_s" "${va[@]}" bench --scenario first-packet "${model_flag[@]}" \
+  --device "$device" --turns "${TURNS:-5}" --json | line first-packet
+
+# concurrency: sessions at once over WebSocket, time to first audio and real-time factor
+timeout "$step_s" "${va[@]}" bench --scenario ws --model "$model" --device "$device" \
+  --sessions "${SESSIONS:-1,8,32}" --turns 2 --max-speech-s 6 --lead-ms 100000 --json \
+  | line ws

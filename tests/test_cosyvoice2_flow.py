@@ -26,8 +26,8 @@ from voiceagent.model.cosyvoice2.flow import (
     CosyFlow,
     FlowConfig,
     FlowPrompt,
-    load_flow_state,
 )
+from voiceagent.model.cosyvoice2.loader import load_flow_state
 
 DATA = Path(__file__).parent / "data" / "cosyvoice2"
 TOL = 1e-4

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,15 +47,28 @@ def small(small_dir: Path) -> SpeechModel:
 
 @pytest.mark.timeout(300)
 def test_first_packet_bench_reports_slices_that_add_up(small_dir):
-    cmd = [*CLI, "bench", "--scenario", "first-packet", "--model", str(small_dir)]
+    # through deploy/gpu-bench.sh, on the CPU: the first-packet and concurrency benches
+    env = {
+        **os.environ,
+        "PY": sys.executable,
+        "DEVICE": "cpu",
+        "MODEL": str(small_dir),
+        "SESSIONS": "1",
+        "TURNS": "1",
+    }
     proc = subprocess.run(
-        [*cmd, "--turns", "1", "--json", "--device", "cpu"],
+        ["bash", "deploy/gpu-bench.sh"],
+        cwd=Path(__file__).parent.parent,
+        env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=280,
         check=True,
     )
-    report = json.loads(proc.stdout)
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [(x["bench"], x["device"]) for x in lines] == [("first-packet", "cpu"), ("ws", "cpu")]
+    assert lines[1]["report"]["streaming"]["sessions"] == 1
+    report = lines[0]["report"]
     for mode in ("baseline", "optimized"):
         row = report[mode]
         assert set(row["slices_ms"]) == set(SLICES)
@@ -311,3 +325,20 @@ def test_a_windowed_flow_stops_growing_and_matches_until_the_window_fills(small)
     # prompt's last 3 tokens)
     assert torch.equal(windowed[:, :, : 40 * r], whole[:, :, : 40 * r])
     assert not torch.equal(windowed, whole)  # later frames read less of the past
+
+
+def test_a_warm_voice_is_primed_before_its_first_turn(small):
+    voice = small.voices["agent"]
+    engine = EmbeddedEngine(small, 1, warm=[voice])
+    engine.start()
+    try:
+        assert engine.acoustic.warmed.wait(60)
+        assert set(engine.acoustic._primed_states) == {"agent"}  # before any turn
+    finally:
+        engine.stop()
+    cold = EmbeddedEngine(small, 1)
+    cold.start()
+    try:
+        assert cold.acoustic.warmed.wait(5) and not cold.acoustic._primed_states
+    finally:
+        cold.stop()

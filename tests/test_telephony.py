@@ -587,7 +587,9 @@ def test_an_asterisk_websocket_call_honours_xoff_flushes_on_barge_in_and_marks_t
             assert cancelled["played_source"] == "report"  # MEDIA_MARK_PROCESSED
             assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
             await asyncio.sleep(0.2)
-            assert frames_heard_ms(call.playback.frames) - truth <= 20  # silent after
+            # silent after, but for the rest of the frame playing at the flush (20 ms; a
+            # busy machine's timers add a few)
+            assert frames_heard_ms(call.playback.frames) - truth <= 25
             await call.send_dtmf("3")
             assert (await until(bot, "dtmf"))["digit"] == "3"
 

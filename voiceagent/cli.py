@@ -61,6 +61,8 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         flow_dtype=torch.bfloat16 if engine_settings.flow_precision == "bfloat16" else None,
         first_audio_first=engine_settings.priority == "first-audio",
         flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
+        # the model's first voice, what a session speaks in when it names none
+        warm=list(model.voices.values())[:1],
     )
 
 

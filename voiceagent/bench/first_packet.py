@@ -78,6 +78,7 @@ class Mode:
     threads: int | None = None
     first_audio_first: bool = False  # EmbeddedEngine(first_audio_first=...)
     flow_window_s: float | None = None  # EmbeddedEngine(flow_window=...), in seconds
+    warm: bool = False  # the voice's flow state primed at engine start, as `serve` does
 
     def torch_flow_dtype(self) -> torch.dtype | None:
         return None if self.flow_dtype is None else getattr(torch, self.flow_dtype)
@@ -93,6 +94,7 @@ OPTIMIZED = Mode(
     first_audio_first=True,
     threads=default_threads(),  # as `serve` sets them
     flow_window_s=20.0,  # as `serve`'s engine.flow_window_s
+    warm=True,
 )
 
 
@@ -386,6 +388,7 @@ def measure(
             flow_dtype=m.torch_flow_dtype(),
             first_audio_first=m.first_audio_first,
             flow_window=None if m.flow_window_s is None else round(m.flow_window_s * 25),
+            warm=[voice] if m.warm else [],
         )
         for name, m in modes.items()
     }
@@ -407,6 +410,7 @@ def measure(
 
     for e in engines.values():
         e.start()
+        e.acoustic.warmed.wait()  # as a server warms up before its first session
     try:
         asyncio.run(run())
     finally:

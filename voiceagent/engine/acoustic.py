@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -100,13 +100,16 @@ class AcousticWorker:
         batching: AcousticBatching = "invariant",
         flow_dtype: torch.dtype | None = None,
         flow_window: int | None = None,
+        warm: Sequence[Voice] = (),
     ) -> None:
         """`flow_dtype`: run the flow (weights, activations and its per-turn caches) in
         this precision instead of the model's (torch.bfloat16: half the cache bytes;
         its error is measured by `voiceagent bench --scenario first-packet`).
         `flow_window`: speech tokens of a turn's own past the flow reads back
         (`FlowStage.windowed`; None: all). Batched chunks need equal-length caches, so
-        "batched" keeps everything."""
+        "batched" keeps everything. `warm`: voices whose flow state the worker primes
+        when it starts, before any chunk (`warmed` is set then), so that their first
+        turn costs what later ones do; other voices are primed at their first turn."""
         self.model = model
         self.flow = model.flow if flow_dtype is None else reduced_flow(model.flow, flow_dtype)
         if flow_window is not None and batching == "invariant":
@@ -119,6 +122,8 @@ class AcousticWorker:
         if batching not in ACOUSTIC_BATCHING:
             raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
         self.batching = batching
+        self._warm = list(warm)
+        self.warmed = threading.Event()
         self.first_chunks = 0  # turns' first chunks being computed now (no audio out yet)
         self.rounds = 0  # times the worker took the waiting jobs
         self.max_round = 0  # most jobs taken at once
@@ -193,6 +198,13 @@ class AcousticWorker:
 
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        for voice in self._warm:  # chunks that arrive meanwhile wait in the queue
+            try:
+                with torch.inference_mode():
+                    self._primed(voice)
+            except Exception:  # its first turn will try again, and fail on its own
+                log.exception("priming voice %r failed", voice.name)
+        self.warmed.set()
         while True:
             first = self._jobs.get()
             if first is None:

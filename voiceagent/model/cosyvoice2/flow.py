@@ -1,6 +1,6 @@
 """CosyVoice2 flow (CausalMaskedDiffWithXvec): speech tokens -> 80-bin mel at 50 Hz.
 
-`CosyFlow` has the released parameter layout key for key (`load_flow_state` loads a
+`CosyFlow` has the released parameter layout key for key (`loader.load_flow_state` loads a
 released `flow.pt` state dict and refuses anything else), runs the released inference
 offline (`synthesize`), and streams with caches (`initial_state`, `forward_chunk`) so a
 chunk late in a turn costs about what an early one does.
@@ -18,8 +18,12 @@ Masking (the one choice that decides what "offline" means for streaming):
   encoder and in the estimator. The released model was trained with full attention or
   with a static chunk mask (25 tokens = 50 frames, grid from the first prompt token),
   which is exactly this rule when chunk boundaries fall on that grid. So streamed chunks
-  equal one offline pass whose block mask has the same boundaries (`stream_blocks`), and
-  with grid-aligned chunks both equal the released streaming inference. Other chunkings
+  equal one offline pass whose block mask has the same boundaries (`stream_blocks`).
+  Those boundaries include one at the prompt's length minus 3 (where priming stops, see
+  below), on the grid only when that is a multiple of 25; otherwise no schedule puts
+  every boundary on the grid (measured on small random weights, prompt 50: chunks of
+  25 differ from the grid pass by up to 0.18 in log-mel, most in the first frames,
+  0.003 later). Other chunkings
   give each frame more (larger chunks) or less (smaller) right context than the 25-token
   grid; a 1-token schedule is plain causal attention. `synthesize(blocks=None)` is the
   released non-streaming pass (full attention), which no streaming scheme can reproduce.
@@ -58,7 +62,7 @@ State layout and batching:
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -492,30 +496,3 @@ class CosyFlow(FlowStage):
     def split_states(self, state: State, n: int) -> list[State]:
         parts = {k: torch.chunk(v, n, dim=0) for k, v in state.items()}
         return [{k: parts[k][i] for k in state} for i in range(n)]
-
-
-def load_flow_state(module: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
-    """Load a released flow state dict into `module` (e.g. a CosyFlow), strictly.
-
-    Every key must be present with the model's shape, and no key may be left over; the
-    ValueError names each offender. The CosyVoice2 flow has no weight-normed layer, so
-    `weight_g`/`weight_v` or `parametrizations.weight.original*` keys are foreign here.
-    """
-    expected = module.state_dict()
-    missing = [k for k in expected if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in expected]
-    wrong = [
-        f"{k} {tuple(v.shape)} (model {tuple(expected[k].shape)})"
-        for k, v in state_dict.items()
-        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
-    ]
-    problems = []
-    for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
-        if keys:
-            shown = ", ".join(keys[:20]) + (f", ... ({len(keys)} in all)" if len(keys) > 20 else "")
-            problems.append(f"{label}: {shown}")
-    if problems:
-        raise ValueError(
-            "flow state dict does not match the CosyVoice2 flow: " + "; ".join(problems)
-        )
-    module.load_state_dict(dict(state_dict), strict=True)

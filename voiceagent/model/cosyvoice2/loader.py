@@ -14,16 +14,18 @@ campplus.onnx, speech_tokenizer_v2.onnx
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 from ..contract import Voice
 from ..lm import SpeechLM
 from ..speech_model import SpeechModel
 from ..weights import CheckpointError, load_strict, read_torch
-from .flow import CosyFlow, FlowConfig, load_flow_state
+from .flow import CosyFlow, FlowConfig
 from .hift import HiFT, HiFTConfig, load_hift_state
 from .lm_config import read_lm_setup
 from .text_tokenizer import QwenTextTokenizer
@@ -168,3 +170,30 @@ def load_cosyvoice2(directory: Path, device: str = "cpu") -> SpeechModel:
         module.to(device)
     log.info("loaded CosyVoice2 from %s (%d stored voices)", directory, len(model.voices))
     return model
+
+
+def load_flow_state(module: nn.Module, state_dict: Mapping[str, Tensor]) -> None:
+    """Load a released flow state dict into `module` (e.g. a CosyFlow), strictly.
+
+    Every key must be present with the model's shape, and no key may be left over; the
+    ValueError names each offender. The CosyVoice2 flow has no weight-normed layer, so
+    `weight_g`/`weight_v` or `parametrizations.weight.original*` keys are foreign here.
+    """
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in expected]
+    wrong = [
+        f"{k} {tuple(v.shape)} (model {tuple(expected[k].shape)})"
+        for k, v in state_dict.items()
+        if k in expected and tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    problems = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
+        if keys:
+            shown = ", ".join(keys[:20]) + (f", ... ({len(keys)} in all)" if len(keys) > 20 else "")
+            problems.append(f"{label}: {shown}")
+    if problems:
+        raise ValueError(
+            "flow state dict does not match the CosyVoice2 flow: " + "; ".join(problems)
+        )
+    module.load_state_dict(dict(state_dict), strict=True)
