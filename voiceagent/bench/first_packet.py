@@ -408,7 +408,10 @@ def measure(
                 else:
                     rows[name].append(row)
 
-    for e in engines.values():
+    for name, e in engines.items():
+        # A thread takes torch's thread count when it first computes, here the warm-up:
+        # set the mode's before it starts.
+        torch.set_num_threads(modes[name].threads or threads)
         e.start()
         e.acoustic.warmed.wait()  # as a server warms up before its first session
     try:
