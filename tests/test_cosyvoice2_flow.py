@@ -27,6 +27,7 @@ from voiceagent.model.cosyvoice2.flow import (
     FlowConfig,
     FlowPrompt,
 )
+from voiceagent.model.cosyvoice2.flow_encoder import append
 from voiceagent.model.cosyvoice2.loader import load_flow_state
 
 DATA = Path(__file__).parent / "data" / "cosyvoice2"
@@ -241,6 +242,40 @@ def test_primed_state_is_reusable_and_not_mutated(flow):
     assert all(torch.equal(primed[k], snapshot[k]) for k in primed)
     c, _ = flow.forward_chunk(chunk_ids(tokens, 9, 3, 3), v.embedding[None], after)
     assert c.shape == (1, 80, 6)
+
+
+def test_a_state_continued_twice_gives_each_branch_its_own_past(flow):
+    """Chunks grow the keys/values in place into spare room (no copy of the past); a
+    second continuation of the same state must find that room taken and copy: neither
+    the state it started from nor the first continuation may change."""
+    v, tokens, other = voice(11, seed=1), turn_tokens(30, seed=3), turn_tokens(30, seed=4)
+    spk = v.embedding[None]
+    _, after = flow.forward_chunk(chunk_ids(tokens, 0, 9, 3), spk, flow.initial_state(v))
+    snapshot = {k: t.clone() for k, t in after.items()}
+    _, later = flow.forward_chunk(chunk_ids(tokens, 9, 6, 3), spk, after)
+    expected, _ = flow.forward_chunk(chunk_ids(tokens, 15, 6, 3), spk, later)
+    flow.forward_chunk(chunk_ids(other, 9, 6, 3), spk, after)  # a second branch
+    again, _ = flow.forward_chunk(chunk_ids(tokens, 15, 6, 3), spk, later)
+    assert torch.equal(expected, again)
+    assert all(torch.equal(after[k], snapshot[k]) for k in after)
+
+
+def test_appending_grows_in_place_and_never_changes_what_was_handed_out():
+    past = torch.randn(2, 3, 5, 4)
+    parts, buffers = [past], set()
+    for i in range(100):
+        parts.append(append(parts[-1], torch.full((2, 3, 1, 4), float(i))))
+        buffers.add(parts[-1].untyped_storage().data_ptr())
+    assert torch.equal(
+        parts[-1], torch.cat([past] + [torch.full((2, 3, 1, 4), float(i)) for i in range(100)], 2)
+    )
+    assert len(buffers) < 20  # a copy of the past once per quarter of growth, not per step
+    # Every earlier result still holds exactly what it held: a branch from one of them
+    # copies rather than writing over the steps a later result owns.
+    branch = append(parts[50], torch.zeros(2, 3, 1, 4))
+    assert torch.equal(parts[51][:, :, -1], torch.full((2, 3, 4), 50.0))
+    assert torch.equal(branch[:, :, :-1], parts[50]) and not branch[:, :, -1].any()
+    assert branch.untyped_storage().data_ptr() not in buffers
 
 
 def test_turns_share_the_prompt_cache_and_keep_only_their_own_frames(flow):

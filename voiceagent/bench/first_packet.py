@@ -175,6 +175,7 @@ def slices(st: TurnStats, p: _Packet) -> dict[str, float]:
 
 
 def state_bytes(state: State) -> int:
+    """Bytes of what a state holds (views: spare room in growing buffers not counted)."""
     return sum(v.nbytes for v in state.values())
 
 
@@ -212,7 +213,10 @@ def turn_state_bytes(
     window = getattr(flow, "window_frames", None)  # mel frames (CosyFlow)
     ratio = getattr(getattr(flow, "cfg", None), "token_mel_ratio", 1)
     kept = n if window is None else min(n, window // ratio)
-    return round(own0 + rest0 + (own1 - own0) / tokens * kept + (rest1 - rest0) / tokens * n)
+    # Keys/values grow into buffers with up to a quarter spare (flow_encoder.append): the
+    # live bytes measured here, times 1.25, bound what the buffers hold.
+    own = (own1 - own0) / tokens * kept * 1.25
+    return round(own0 + rest0 + own + (rest1 - rest0) / tokens * n * 1.25)
 
 
 @torch.inference_mode()

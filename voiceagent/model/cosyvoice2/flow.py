@@ -72,7 +72,7 @@ from torch import Tensor, nn
 
 from ..contract import PAD_TOKEN, FlowStage, State
 from .flow_decoder import Estimator
-from .flow_encoder import Cache, FlowEncoder, attention_mask
+from .flow_encoder import Cache, FlowEncoder, attention_mask, drop_front
 
 
 @dataclass(frozen=True)
@@ -384,8 +384,8 @@ class CosyFlow(FlowStage):
         # The estimator's keys/values of the prompt become a shared part that turns read
         # and never copy (a turn's state holds its own frames only).
         for key in [k for k in st if k.startswith("s") and k.endswith((".k", ".v"))]:
-            st[key[:-2] + ".p" + key[-1]] = st[key]
-            st[key] = st[key][:, :, :0]
+            st[key[:-2] + ".p" + key[-1]] = st[key].clone()  # without `append`'s spare room
+            st[key] = st[key].new_empty(*st[key].shape[:2], 0, st[key].shape[3])
         st["pending"] = torch.cat([st["pending"][:, k:], tokens[None, primed:]], 1)
         st["pending_cond"] = torch.cat(
             [st["pending_cond"][:, :, r * k :], cond[:, :, r * primed :]], 2
@@ -396,7 +396,10 @@ class CosyFlow(FlowStage):
     def _advance_state(self, tokens: Tensor, spk: Tensor, cond: Tensor, st: State) -> Tensor:
         """Run new tokens against a state (updated in the dict, tensors replaced)."""
         past = self.cache_length(st)
-        x = self._advance(tokens, spk, cond, Cache(st), st["frame"], st["pad"], past, None)
+        w = self.window_frames
+        # Room for a window and a quarter: the kept window is copied once per quarter.
+        cache = Cache(st, None if w is None else w + w // 4)
+        x = self._advance(tokens, spk, cond, cache, st["frame"], st["pad"], past, None)
         st["frame"] = st["frame"] + x.shape[2]
         return x
 
@@ -452,7 +455,7 @@ class CosyFlow(FlowStage):
             return
         for key, v in st.items():
             if key.startswith("s") and key.endswith((".k", ".v")) and v.shape[2] > frames:
-                st[key] = v[:, :, v.shape[2] - frames :]
+                st[key] = drop_front(v, v.shape[2] - frames)
 
     # -- batching --------------------------------------------------------------------------
 

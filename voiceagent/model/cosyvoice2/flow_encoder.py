@@ -28,8 +28,11 @@ class Cache:
     writes. Writes replace dict entries with new tensors; no tensor is changed in place, so
     a caller's state stays valid (a primed voice state can be reused by many turns)."""
 
-    def __init__(self, st: State | None) -> None:
+    def __init__(self, st: State | None, reserve: int | None = None) -> None:
         self.st = st
+        # Time steps to reserve for the estimator's keys/values (a windowed flow keeps at
+        # most a window of them); None: grow as needed.
+        self.reserve = reserve
 
     def conv(self, key: str, conv: nn.Conv1d, x: Tensor) -> Tensor:
         """Causal convolution: the last kernel-1 inputs of earlier chunks are the left context."""
@@ -45,8 +48,8 @@ class Cache:
         """Keys/values [rows, heads, time, dim] of the past followed by those of this chunk."""
         if self.st is None:
             return k, v
-        k = torch.cat([self.st[key + ".k"], k], dim=2)
-        v = torch.cat([self.st[key + ".v"], v], dim=2)
+        reserve = None if key.startswith("enc.") else self.reserve
+        k, v = append(self.st[key + ".k"], k, reserve), append(self.st[key + ".v"], v, reserve)
         self.st[key + ".k"], self.st[key + ".v"] = k, v
         return k, v
 
@@ -57,6 +60,57 @@ class Cache:
         if self.st is None or key + ".pk" not in self.st:
             return None
         return self.st[key + ".pk"], self.st[key + ".pv"]
+
+
+class _Room:
+    """A buffer along time that keys/values grow into; `end`: the furthest step any
+    tensor cut from it reaches (steps after it belong to nobody yet)."""
+
+    def __init__(self, buf: Tensor, end: int) -> None:
+        self.buf, self.end = buf, end
+
+
+def append(past: Tensor, new: Tensor, reserve: int | None = None) -> Tensor:
+    """`past` followed by `new` along dim 2 (time), without changing `past`.
+
+    A chunk's keys/values are written after the past's in spare room of one buffer, so
+    appending costs the chunk, not the whole past (a plain torch.cat copied ~10 MB per
+    past token per chunk at full size). Tensors cut from a buffer never see a write:
+    only steps past every earlier cut's end are written. So a state stays valid after a
+    later chunk ran from it, and a second chunk run from the same state (a primed voice
+    reused by many turns, a retry) finds the room taken and copies instead. Tensors
+    that did not come from here (sliced, batched, padded) are copied once, then grow.
+
+    A new buffer has room for `reserve` steps if given (memory is only touched when
+    written), else a quarter more than needed: the past is then copied once per quarter
+    of growth. Untouched room costs nothing, copies do: on a VM that backs memory on
+    first touch, growing buffers over and over cost more than the old torch.cat.
+    """
+    n = new.shape[2]
+    room, start = getattr(past, "_room", (None, 0))
+    end = start + past.shape[2]
+    if room is None or room.end != end or end + n > room.buf.shape[2]:
+        size = past.shape[2] + n
+        capacity = max(reserve or 0, size + max(n, size // 4))
+        buf = past.new_empty(*past.shape[:2], capacity, past.shape[3])
+        buf[:, :, : past.shape[2]] = past
+        room, start, end = _Room(buf, 0), 0, past.shape[2]
+    room.buf[:, :, end : end + n] = new
+    room.end = end + n
+    return keep_room(room.buf[:, :, start : end + n], room, start)
+
+
+def keep_room(t: Tensor, room: _Room, start: int) -> Tensor:
+    """Mark `t` (steps start.. of room's buffer) as growable in place by `append`."""
+    t._room = (room, start)  # type: ignore[attr-defined]
+    return t
+
+
+def drop_front(t: Tensor, steps: int) -> Tensor:
+    """`t` without its first `steps` time steps, still growable in place if `t` was."""
+    room, start = getattr(t, "_room", (None, 0))
+    out = t[:, :, steps:]
+    return out if room is None else keep_room(out, room, start + steps)
 
 
 def attention_mask(pad: Tensor, past: int, n: int, block: Tensor | None) -> Tensor | None:
