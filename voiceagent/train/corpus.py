@@ -32,12 +32,13 @@ from .spoken import is_speakable
 
 log = logging.getLogger(__name__)
 
-VERSION = 1  # bump when the same parameters would give other sentences
+VERSION = 2  # bump when the same parameters would give other sentences
 MIN_WORDS, MAX_WORDS = 3, 20  # spoken words: spelled codes make spoken forms longer
-# Spoken seconds per sentence, about (the teacher's pace, measured on its output: see
-# docs/training.md); only to size the corpus, the teacher manifest has the real lengths.
-WORDS_PER_SECOND = 2.6
-PAUSE_SECONDS = 0.45  # Piper's leading and trailing silence
+# Spoken seconds per sentence, about: a least-squares fit of the joe voice's WAV lengths
+# to spoken word counts (50 sentences, docs/training.md). Only to size the corpus; the
+# teacher's manifest has the real lengths.
+WORDS_PER_SECOND = 3.6
+PAUSE_SECONDS = 0.33  # Piper's leading and trailing silence, about
 COLUMNS = ("id", "text", "written")
 
 
