@@ -223,6 +223,24 @@ def test_the_teacher_speaks_sentences_and_resumes_without_redoing_them(
     assert not (tmp_path / "teacher" / "stage.json").exists()  # not every sentence yet
 
 
+def test_a_complete_teacher_stage_is_skipped_until_the_corpus_changes(
+    tmp_path, piper, capsys
+) -> None:
+    corpus.write(tmp_path, Params(hours=0.0, heldout=1, asterisk=False))  # two sentences
+    out = ["train", "teacher", "--out", str(tmp_path)]
+    assert main(out) == 0
+    assert teacher.is_complete(tmp_path)
+    rows = (tmp_path / "teacher" / "manifest.tsv").read_text().splitlines()[1:]
+    assert [r.split("\t")[3] for r in rows] == ["train", "heldout"]
+    capsys.readouterr()
+    assert main(out) == 0
+    assert "(skipped)" in capsys.readouterr().out
+    corpus.write(tmp_path, Params(hours=0.0, heldout=1, asterisk=False, seed=1))
+    assert not teacher.is_complete(tmp_path)
+    assert main([*out, "--length-scale", "1.2"]) == 2  # one folder, one pace
+    assert "length_scale" in capsys.readouterr().err
+
+
 def test_the_meter_understands_the_teacher_on_held_out_sentences(built, tmp_path, piper) -> None:
     """Piper speech of three held-out sentences, transcribed by pocketsphinx: a pooled WER
     below 0.35 (about 0.2 measured; pocketsphinx's generic LM knows whole words better
