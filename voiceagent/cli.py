@@ -17,6 +17,7 @@ from .auth.commands import add_commands as add_auth_commands
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
 from .ops.logs import LEVELS, configure_logging
+from .train.commands import add_commands as add_train_commands
 
 if TYPE_CHECKING:
     from .engine.embedded import EmbeddedEngine
@@ -333,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_voice_add)
 
     add_auth_commands(sub)
+    add_train_commands(sub)
 
     s = sub.add_parser("make-tiny", help="write a random-weight tiny checkpoint directory")
     s.add_argument("directory")

