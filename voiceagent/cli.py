@@ -36,7 +36,6 @@ def _settings(args: argparse.Namespace) -> config.Loaded | None:
 
 def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngine:
     """The engine `serve` runs: the [engine] settings over `model`."""
-    import torch
 
     from .engine.embedded import EmbeddedEngine, default_threads
 
@@ -59,7 +58,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         acoustic_batching=engine_settings.acoustic_batching,
         int8_prefill=engine_settings.lm_int8 != "off",
         int8_decode=engine_settings.lm_int8 == "all",
-        flow_dtype=torch.bfloat16 if engine_settings.flow_precision == "bfloat16" else None,
+        flow_precision=engine_settings.flow_precision,
         first_audio_first=engine_settings.priority == "first-audio",
         flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
         # the model's first voice, what a session speaks in when it names none

@@ -41,7 +41,7 @@ from ..engine.embedded import EmbeddedEngine, default_threads
 from ..engine.lm_prefix import PrefixCache
 from ..model.contract import PAD_TOKEN, FlowStage, State, Voice
 from ..model.lm import KVPool
-from ..model.quantize import int8_layers
+from ..model.quantize import FlowPrecision, int8_layers
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
 from ..pipeline.turn import ChunkSchedule, FrameFormat, Turn, TurnSettings, TurnStats
@@ -72,16 +72,13 @@ class Mode:
     schedule: tuple[int, ...] = (4, 8, 16, 25)
     int8_prefill: bool = False
     int8_decode: bool = False
-    flow_dtype: str | None = None  # e.g. "bfloat16"; None: the model's (float32)
+    flow_dtype: FlowPrecision = "float32"  # (name kept: it is a --json key)
     # torch's intra-op threads while this mode's turns run (process-wide in torch, but
     # the modes' turns never overlap); None: as the process started
     threads: int | None = None
     first_audio_first: bool = False  # EmbeddedEngine(first_audio_first=...)
     flow_window_s: float | None = None  # EmbeddedEngine(flow_window=...), in seconds
     warm: bool = False  # the voice's flow state primed at engine start, as `serve` does
-
-    def torch_flow_dtype(self) -> torch.dtype | None:
-        return None if self.flow_dtype is None else getattr(torch, self.flow_dtype)
 
 
 BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
@@ -95,6 +92,7 @@ OPTIMIZED = Mode(
     threads=default_threads(),  # as `serve` sets them
     flow_window_s=20.0,  # as `serve`'s engine.flow_window_s
     warm=True,
+    flow_dtype="int8",
 )
 
 
@@ -389,7 +387,7 @@ def measure(
             prefix_cache=m.prefix_cache,
             int8_prefill=m.int8_prefill,
             int8_decode=m.int8_decode,
-            flow_dtype=m.torch_flow_dtype(),
+            flow_precision=m.flow_dtype,
             first_audio_first=m.first_audio_first,
             flow_window=None if m.flow_window_s is None else round(m.flow_window_s * 25),
             warm=[voice] if m.warm else [],

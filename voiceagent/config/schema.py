@@ -166,9 +166,10 @@ class EngineSection(Section):
         "how far the logits move)",
         "--lm-int8",
     )
-    flow_precision: Literal["float32", "bfloat16"] = setting(
+    flow_precision: Literal["float32", "bfloat16", "int8"] = setting(
         "float32",
-        "the acoustic worker's flow: bfloat16 halves its per-turn cache, approximate",
+        "the acoustic worker's flow: bfloat16 halves its per-turn cache; int8 (CPU) runs "
+        "its estimator's linear layers in int8, a faster first chunk; both approximate",
         "--flow-precision",
     )
     flow_window_s: float = setting(

@@ -27,7 +27,7 @@ import torch
 
 from ..audio.framing import Framer
 from ..model.contract import State, VocoderStage, Voice
-from ..model.quantize import reduced_flow
+from ..model.quantize import FlowPrecision, reduced_flow
 from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
 from ..ops.metrics import Metrics
@@ -98,20 +98,20 @@ class AcousticWorker:
         model: SpeechModel,
         metrics: Metrics | None = None,
         batching: AcousticBatching = "invariant",
-        flow_dtype: torch.dtype | None = None,
+        flow_precision: FlowPrecision = "float32",
         flow_window: int | None = None,
         warm: Sequence[Voice] = (),
     ) -> None:
-        """`flow_dtype`: run the flow (weights, activations and its per-turn caches) in
-        this precision instead of the model's (torch.bfloat16: half the cache bytes;
-        its error is measured by `voiceagent bench --scenario first-packet`).
+        """`flow_precision`: run the flow at this precision instead of the model's
+        (`quantize.reduced_flow`: bfloat16 halves the cache bytes, int8 speeds up the
+        estimator on the CPU; errors stated there and tested).
         `flow_window`: speech tokens of a turn's own past the flow reads back
         (`FlowStage.windowed`; None: all). Batched chunks need equal-length caches, so
         "batched" keeps everything. `warm`: voices whose flow state the worker primes
         when it starts, before any chunk (`warmed` is set then), so that their first
         turn costs what later ones do; other voices are primed at their first turn."""
         self.model = model
-        self.flow = model.flow if flow_dtype is None else reduced_flow(model.flow, flow_dtype)
+        self.flow = reduced_flow(model.flow, flow_precision)
         if flow_window is not None and batching == "invariant":
             self.flow = self.flow.windowed(flow_window)
         self.metrics = metrics or Metrics()

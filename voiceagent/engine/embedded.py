@@ -10,6 +10,7 @@ from typing import Protocol
 import torch
 
 from ..model.contract import Voice
+from ..model.quantize import FlowPrecision
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
@@ -63,7 +64,7 @@ class EmbeddedEngine:
         prefix_cache: bool = True,
         int8_prefill: bool = False,
         int8_decode: bool = False,
-        flow_dtype: torch.dtype | None = None,
+        flow_precision: FlowPrecision = "float32",
         first_audio_first: bool = False,
         flow_window: int | None = None,
         warm: Sequence[Voice] = (),
@@ -75,7 +76,7 @@ class EmbeddedEngine:
         the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py).
         `int8_prefill`, `int8_decode`: its prompt prefills, its decode steps run int8
         layers (model/quantize.py).
-        `flow_dtype`: the acoustic worker's flow precision (None: the model's).
+        `flow_precision`: the acoustic worker's flow precision (`quantize.reduced_flow`).
         `flow_window`: speech tokens of a turn's own past its flow reads back (None: all).
         `warm`: voices whose flow state is primed at start (their first turn is then as
         quick as later ones; each holds its prompt's state, ~0.4 GB at full size).
@@ -96,7 +97,7 @@ class EmbeddedEngine:
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
         self.acoustic = AcousticWorker(
-            model, self.metrics, acoustic_batching, flow_dtype, flow_window, warm
+            model, self.metrics, acoustic_batching, flow_precision, flow_window, warm
         )
         if first_audio_first and isinstance(self.lm, EmbeddedLM):
             acoustic = self.acoustic
