@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import corpus, teacher
+from . import corpus, feats, teacher, tokens
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -99,6 +99,48 @@ def _teacher(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_flags(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _needs(name: str, done: Callable[[Path], bool], work: Path, args: argparse.Namespace) -> int:
+    """Run the stage `name` first when its output is missing."""
+    if done(work):
+        return 0
+    stage = next(s for s in STAGES if s.name == name)
+    print(f"{name} stage output missing: running it first")
+    return _timed(stage, work, args)
+
+
+def _feats(work: Path, args: argparse.Namespace) -> int:
+    if not teacher.is_complete(work, getattr(args, "length_scale", 1.0)):
+        print(
+            "error: the teacher stage is not complete (voiceagent train teacher)", file=sys.stderr
+        )
+        return 2
+    if feats.is_complete(work):
+        print(f"feats: {feats.feats_dir(work)} is complete (skipped)")
+        return 0
+    for line in feats.run(work):
+        print(line, flush=True)
+    return 0
+
+
+def _tokens_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--codes", type=int, default=tokens.CODES, help="k-means codes (token types)")
+
+
+def _tokens(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("feats", feats.is_complete, work, args)) != 0:
+        return code
+    if tokens.is_complete(work):
+        print(f"tokens: {tokens.tokens_dir(work)} is complete (skipped)")
+        return 0
+    for line in tokens.run(work, getattr(args, "codes", tokens.CODES)):
+        print(line, flush=True)
+    return 0
+
+
 STAGES = [
     Stage(
         "corpus",
@@ -111,6 +153,18 @@ STAGES = [
         "speak the corpus with the Piper teacher voice: WAVs and manifest.tsv",
         _teacher_flags,
         _teacher,
+    ),
+    Stage(
+        "feats",
+        "resample the teacher's speech to 24 kHz and compute the flow's mel of it",
+        _no_flags,
+        _feats,
+    ),
+    Stage(
+        "tokens",
+        "speech tokens of our own: k-means over mel-frame pairs, 25 per second",
+        _tokens_flags,
+        _tokens,
     ),
 ]
 

@@ -1,0 +1,116 @@
+"""Stage `tokens`: speech tokens of our own at 25 Hz, by k-means over the flow's mel.
+
+CosyVoice2's tokens come from a supervised speech tokenizer we cannot ship; ours are
+the nearest of K centroids to each pair of mel frames (one token per 40 ms, the rate
+the LM and the flow expect), after normalizing each of the 160 dimensions over the
+training set. One speaker, so the centroids spend their codes on what is said and how,
+not on who says it. The LM learns text -> tokens; the flow learns tokens -> mel.
+
+On disk (DIR/tokens/): codebook.npz (`mean`, `std` [160], `centroids` [K, 160]),
+tokens.npz (one int16 array per utterance id, length = mel frames / 2) and stage.json.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import feats
+
+CODES = 512
+ITERATIONS = 40
+SAMPLE = 200_000  # vectors k-means is fitted on (about 2.2 hours of speech)
+
+
+def tokens_dir(work: Path) -> Path:
+    return work / "tokens"
+
+
+def pairs(mel: np.ndarray) -> np.ndarray:
+    """[frames, 80] -> [frames / 2, 160]: the two mel frames of each token side by side."""
+    return mel.reshape(-1, 2 * mel.shape[1])
+
+
+class Codebook:
+    def __init__(self, mean: np.ndarray, std: np.ndarray, centroids: np.ndarray) -> None:
+        self.mean, self.std = mean.astype(np.float32), std.astype(np.float32)
+        self.centroids = torch.from_numpy(centroids.astype(np.float32))
+
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        """mel [frames, 80] (frames even) -> int16 tokens [frames / 2]."""
+        x = torch.from_numpy((pairs(mel) - self.mean) / self.std)
+        return nearest(x, self.centroids).numpy().astype(np.int16)
+
+    def save(self, path: Path) -> None:
+        np.savez(path, mean=self.mean, std=self.std, centroids=self.centroids.numpy())
+
+    @classmethod
+    def load(cls, path: Path) -> Codebook:
+        with np.load(path) as f:
+            return cls(f["mean"], f["std"], f["centroids"])
+
+
+def nearest(x: torch.Tensor, centroids: torch.Tensor, batch: int = 65536) -> torch.Tensor:
+    out = []
+    c2 = (centroids**2).sum(1)
+    for part in x.split(batch):
+        out.append((c2[None] - 2 * part @ centroids.T).argmin(1))
+    return torch.cat(out)
+
+
+def fit(x: torch.Tensor, codes: int, iterations: int, seed: int = 0) -> torch.Tensor:
+    """k-means (k-means++ start on a subset, then Lloyd steps); empty clusters restart at
+    the points farthest from their centroids."""
+    gen = torch.Generator().manual_seed(seed)
+    start = x[torch.randperm(len(x), generator=gen)[:20_000]]
+    centroids = start[torch.randint(len(start), (1,), generator=gen)]
+    dist = ((start - centroids[0]) ** 2).sum(1)
+    for _ in range(codes - 1):
+        pick = torch.multinomial(dist / dist.sum(), 1, generator=gen)
+        centroids = torch.cat([centroids, start[pick]])
+        dist = torch.minimum(dist, ((start - start[pick]) ** 2).sum(1))
+    for _ in range(iterations):
+        assign = nearest(x, centroids)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, x)
+        counts = torch.bincount(assign, minlength=codes).to(x.dtype)
+        empty = counts == 0
+        centroids = sums / counts.clamp(min=1)[:, None]
+        if empty.any():
+            far = ((x - centroids[assign]) ** 2).sum(1).topk(int(empty.sum())).indices
+            centroids[empty] = x[far]
+    return centroids
+
+
+def is_complete(work: Path) -> bool:
+    return (tokens_dir(work) / "stage.json").is_file()
+
+
+def load_tokens(work: Path) -> dict[str, np.ndarray]:
+    with np.load(tokens_dir(work) / "tokens.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def run(work: Path, codes: int = CODES, iterations: int = ITERATIONS) -> Iterator[str]:
+    out = tokens_dir(work)
+    out.mkdir(parents=True, exist_ok=True)
+    utts = feats.utterances(work)
+    mels = {u.id: feats.load(work, u.id)[1] for u in utts}
+    train = np.concatenate([pairs(mels[u.id]) for u in utts if u.split == "train"])
+    rng = np.random.default_rng(0)
+    if len(train) > SAMPLE:
+        train = train[rng.choice(len(train), SAMPLE, replace=False)]
+    mean, std = train.mean(0), train.std(0) + 1e-5
+    yield f"tokens: fitting {codes} centroids on {len(train)} mel pairs"
+    centroids = fit(torch.from_numpy((train - mean) / std), codes, iterations)
+    book = Codebook(mean, std, centroids.numpy())
+    book.save(out / "codebook.npz")
+    tokens = {uid: book.encode(mel) for uid, mel in mels.items()}
+    np.savez(out / "tokens.npz", **tokens)  # type: ignore[arg-type]
+    used = len(np.unique(np.concatenate(list(tokens.values()))))
+    summary = {"codes": codes, "used": used, "utterances": len(tokens)}
+    (out / "stage.json").write_text(json.dumps(summary, indent=2))
+    yield f"tokens: {len(tokens)} utterances, {used} of {codes} codes used"
