@@ -231,6 +231,31 @@ def test_streaming_equals_offline_with_same_blocks(flow, schedule, prompt_len):
     assert (streamed - offline(flow, v, tokens, None)).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("prompt_len", [5, 10, 11, 12, 13, 30])
+def test_grid_turns_equal_the_released_streaming_pass(flow, prompt_len):
+    """A grid state (`initial_state(grid=True)`) streamed in `grid_sizes` chunks gives
+    the released streaming inference: one pass with the static chunk mask from the
+    first prompt token. Prompt lengths cover a tail of 3 to 27 tokens left for the first
+    chunk, which then spans one or two grid blocks."""
+    grid = flow.grid
+    v, tokens = voice(prompt_len, seed=2), turn_tokens(70, seed=5)
+    sizes = flow.grid_sizes(prompt_len, len(tokens))
+    assert sum(sizes) == 70 and all(
+        (prompt_len + sum(sizes[: i + 1])) % grid == 0 for i in range(len(sizes) - 1)
+    )
+    state, out, done = flow.initial_state(v, grid=True), [], 0
+    for n in sizes:
+        mel, state = flow.forward_chunk(chunk_ids(tokens, done, n, 3), v.embedding[None], state)
+        out.append(mel)
+        done += n
+    streamed = torch.cat(out, 2)
+    assert (streamed - offline(flow, v, tokens, grid)).abs().max() < TOL
+    # The default state with the same chunks is not on the grid when its priming, which
+    # stops 3 tokens before the prompt's end, does not.
+    if (prompt_len - 3) % grid:
+        assert (stream(flow, v, tokens, [*sizes[:1], grid]) - streamed).abs().max() > 1e-3
+
+
 def test_primed_state_is_reusable_and_not_mutated(flow):
     v, tokens = voice(11, seed=1), turn_tokens(12, seed=3)
     primed = flow.initial_state(v)

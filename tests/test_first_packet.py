@@ -358,6 +358,47 @@ def test_an_int8_estimator_streams_within_its_bound_of_the_float32_flow(small):
     assert 1e-4 < err < 0.1
 
 
+def test_a_reference_chunking_turn_cuts_its_chunks_on_the_models_grid(small):
+    """`chunking: reference` (TurnSettings.grid): every chunk of a one-segment turn but
+    its last ends on a line of the flow's 25-token grid, counted from the first prompt
+    token, with a grid flow state; a default turn starts with the schedule's 4 tokens."""
+    engine = EmbeddedEngine(small, 1)
+    sizes: list[tuple[bool, int]] = []
+    synthesize = engine.acoustic.synthesize
+
+    async def spy(stream: Any, tokens: list[int], final: bool) -> Any:
+        result = await synthesize(stream, tokens, final)
+        sizes.append((bool(stream.flow_state["grid"][0]), len(tokens) - small.pre_lookahead))
+        return result
+
+    async def speak(voice: str, grid: bool) -> None:
+        settings = TurnSettings(small.voices[voice], SamplingParams(seed=3), grid=grid)
+        turn = Turn("t", settings, engine)
+        turn.push_text("your order shipped this morning and arrives on thursday")
+        turn.end_text()
+        turn.start()
+        while await turn.output.get() is not None:
+            pass
+        await turn.wait()
+
+    engine.acoustic.synthesize = spy  # type: ignore[method-assign]
+    engine.start()
+    try:
+        for voice in ("agent", "narrator"):  # prompts of 50 and 60 tokens
+            for grid in (True, False):
+                sizes.clear()
+                asyncio.run(speak(voice, grid))
+                p, chunks = len(small.voices[voice].prompt_tokens), [n for _, n in sizes if n]
+                assert len(chunks) > 2 and all(g == grid for g, _ in sizes)
+                if grid:
+                    ends = [p + sum(chunks[: i + 1]) for i in range(len(chunks))]
+                    assert chunks[0] == 25 - p % 25 and all(e % 25 == 0 for e in ends[:-1])
+                else:
+                    assert chunks[:2] == [4, 8]
+    finally:
+        engine.stop()
+
+
 def test_a_warm_voice_is_primed_before_its_first_turn(small):
     voice = small.voices["agent"]
     engine = EmbeddedEngine(small, 1, warm=[voice])

@@ -117,6 +117,7 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
                     "voice": "agent",
                     "language": "auto",
                     "speed": 1.0,
+                    "chunking": "fast",
                     "sampling": {"temperature": 1.0, "top_k": 25, "top_p": 0.8, "seed": 0},
                     "format": {
                         "codec": "opus",
@@ -155,6 +156,7 @@ def test_session_start_applies_the_settings_it_carries() -> None:
             "voice": "narrator",
             "language": "en",
             "speed": 1.5,
+            "chunking": "reference",
             "sampling": {"seed": 7, "top_k": 0},
             "format": {"codec": "pcm16", "sample_rate": 16000},
         },
@@ -164,6 +166,7 @@ def test_session_start_applies_the_settings_it_carries() -> None:
         "voice": "narrator",
         "language": "en",
         "speed": 1.5,
+        "chunking": "reference",
         "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 0.8, "seed": 7},
         "format": {
             "codec": "pcm16",
@@ -186,6 +189,7 @@ def test_session_start_applies_the_settings_it_carries() -> None:
         voice="narrator",
         language="en",
         speed=1.5,
+        chunking="reference",
         sampling=Sampling(seed=7, top_k=0),
         format=Format("pcm16", 16000, 32000),
     )

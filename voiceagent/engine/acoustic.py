@@ -56,6 +56,7 @@ class AcousticStream:
     # The turn's vocoder if not the model's: the same weights with another hold-back
     # (`VocoderStage.variant`); chunks of different vocoders never share a batch.
     vocoder: VocoderStage | None = None
+    grid: bool = False  # chunks on the flow's grid (`FlowStage.initial_state(grid=True)`)
 
 
 @dataclass
@@ -117,7 +118,7 @@ class AcousticWorker:
         self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._primed_states: dict[str, tuple[Voice, State]] = {}
+        self._primed_states: dict[tuple[str, bool], tuple[Voice, State]] = {}
         self._vocoders: dict[tuple[int, int], VocoderStage] = {}
         if batching not in ACOUSTIC_BATCHING:
             raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
@@ -146,6 +147,7 @@ class AcousticWorker:
         framer: Framer | None,
         hold_back: int | None = None,
         crossfade: int = 0,
+        grid: bool = False,
     ) -> AcousticStream:
         """A turn's acoustic state; the flow state is primed on the worker thread.
         `hold_back`: mel frames the vocoder holds back for right context (None: the
@@ -156,21 +158,24 @@ class AcousticWorker:
             if vocoder is None:
                 vocoder = self.model.vocoder.variant(hold_back, crossfade)
                 self._vocoders[(hold_back, crossfade)] = vocoder
-        return AcousticStream(voice, None, None, MelStretcher(speed), framer, vocoder=vocoder)
+        stretcher = MelStretcher(speed)
+        return AcousticStream(voice, None, None, stretcher, framer, vocoder=vocoder, grid=grid)
 
-    def _primed(self, voice: Voice) -> State:
-        """The flow state after the voice's prompt: computed once per voice (it can cost
-        a full flow pass over the prompt) and shared, since states are never mutated."""
-        cached = self._primed_states.get(voice.name)
+    def _primed(self, voice: Voice, grid: bool = False) -> State:
+        """The flow state after the voice's prompt: computed once per voice and kind
+        (it can cost a full flow pass over the prompt) and shared, since states are
+        never mutated."""
+        cached = self._primed_states.get((voice.name, grid))
         if cached is None or cached[0] is not voice:
-            cached = (voice, self.flow.initial_state(voice))
-            self._primed_states[voice.name] = cached
+            cached = (voice, self.flow.initial_state(voice, grid))
+            self._primed_states[(voice.name, grid)] = cached
         return cached[1]
 
     def forget_voice(self, name: str) -> None:
         """Drop the primed flow state cached for voice `name` (a deleted voice). A turn
         already running keeps its own reference to the state."""
-        self._primed_states.pop(name, None)
+        for grid in (False, True):
+            self._primed_states.pop((name, grid), None)
 
     async def synthesize(
         self, stream: AcousticStream, tokens: list[int], final: bool
@@ -257,7 +262,9 @@ class AcousticWorker:
     def _stages(self, jobs: list[_Job]) -> None:
         t0 = time.perf_counter()
         _stamp(jobs, "flow_start")
-        jobs = self._stage(jobs, lambda j: len(j.tokens), self._flow, self._flow_commit)
+        jobs = self._stage(
+            jobs, lambda j: (len(j.tokens), j.stream.grid), self._flow, self._flow_commit
+        )
         _stamp(jobs, "flow_end")
         t1 = time.perf_counter()
         self.metrics.chunk_seconds.labels("flow").observe(t1 - t0)
@@ -324,7 +331,7 @@ class AcousticWorker:
         states = []
         for j in group:
             if j.stream.flow_state is None:  # the primed state is shared and never mutated
-                j.stream.flow_state = self._primed(j.stream.voice)
+                j.stream.flow_state = self._primed(j.stream.voice, j.stream.grid)
             states.append(j.stream.flow_state)
         tokens = torch.tensor([j.tokens for j in group], device=dev)
         spk = torch.stack([j.stream.voice.embedding for j in group]).to(dev)

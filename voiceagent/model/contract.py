@@ -67,10 +67,18 @@ class Voice:
 class FlowStage(nn.Module):
     """Speech tokens -> mel, chunk by chunk."""
 
-    def initial_state(self, voice: Voice) -> State:
+    # Tokens per block of the static chunk grid the model was trained with (streamed
+    # chunks that end on its lines reproduce its authors' streaming); None: no grid.
+    grid: int | None = None
+
+    def initial_state(self, voice: Voice, grid: bool = False) -> State:
         """Per-turn state of one session, primed with the voice's prompt if the model
-        uses one."""
+        uses one; `grid`: for chunks on the grid (`grid_sizes`), if the model has one."""
         raise NotImplementedError
+
+    def grid_sizes(self, prompt_len: int, n_tokens: int) -> list[int]:
+        """Chunk sizes that keep a grid turn of n_tokens on the grid (no grid: one chunk)."""
+        return [n_tokens]
 
     def forward_chunk(self, tokens: Tensor, spk: Tensor, state: State) -> tuple[Tensor, State]:
         """tokens [b, n + lookahead] (PAD_TOKEN past the end) -> mel [b, bins, frames] and

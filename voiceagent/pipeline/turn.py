@@ -63,6 +63,9 @@ class TurnSettings:
     # `crossfade` frames at each chunk seam.
     hold_back: int | None = None
     crossfade: int = 0
+    # Chunks on the flow's grid (the model's own streaming, exactly; a later first
+    # packet) instead of the schedule; for a model without a grid, the schedule.
+    grid: bool = False
 
 
 @dataclass
@@ -138,6 +141,8 @@ class Turn:
         self.settings = settings
         self.engine = engine
         self.schedule = schedule
+        self._grid = engine.model.flow.grid if settings.grid else None
+        self._chunked = 0  # the turn's tokens handed to the flow so far
         self.streaming = streaming
         self.max_segment_tokens = max_segment_tokens  # a ceiling on any segment's speech
         self.stats = TurnStats()
@@ -203,7 +208,7 @@ class Turn:
         try:
             framer = Framer(s.frames.sample_rate, s.frames.tail_samples)
             self._acoustic = self.engine.acoustic.new_stream(
-                s.voice, s.speed, framer, s.hold_back, s.crossfade
+                s.voice, s.speed, framer, s.hold_back, s.crossfade, self._grid is not None
             )
             if self.streaming:
                 await self._run_streaming()
@@ -252,7 +257,7 @@ class Turn:
                     self.stats.first_token = lm.first_token_at
                 self.tokens += new
                 pending += new
-                while len(pending) >= (n := self.schedule.size(self.stats.chunks)) + look:
+                while len(pending) >= (n := self._chunk_size()) + look:
                     lm.urgent = False  # its first chunk is on the way
                     await self._chunk(pending[: n + look], final=False)
                     pending = pending[n:]
@@ -264,6 +269,13 @@ class Turn:
             await self._chunk(pending + [PAD_TOKEN] * look, final=final)
         if not final:  # the text ended after the last segment's tail was sent
             await self._chunk([PAD_TOKEN] * look, final=True)
+
+    def _chunk_size(self) -> int:
+        """New tokens in the next chunk: the schedule's, or up to the next grid line."""
+        if self._grid is None:
+            return self.schedule.size(self.stats.chunks)
+        at = len(self.settings.voice.prompt_tokens) + self._chunked  # the grid's origin: 0
+        return self._grid - at % self._grid
 
     async def _run_whole(self) -> None:
         """Naive baseline: all tokens first, then all audio (for benchmarks)."""
@@ -284,6 +296,7 @@ class Turn:
 
     async def _chunk(self, tokens: list[int], final: bool) -> None:
         assert self._acoustic is not None
+        self._chunked += len(tokens) - self.engine.model.pre_lookahead
         result: ChunkResult = await self.engine.acoustic.synthesize(self._acoustic, tokens, final)
         if not np.isfinite(result.pcm).all():  # a broken model must not reach a listener
             raise EngineError("the acoustic model produced non-finite audio")

@@ -76,6 +76,7 @@ class Settings:
     voice: str = ""
     language: str = "auto"
     speed: float = 1.0
+    chunking: str = "fast"
     sampling: Sampling = field(default_factory=Sampling)
     format: Format = field(default_factory=Format)
     input: Input = field(default_factory=Input)
@@ -137,6 +138,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("voice", str, "voice (role) of turns that open from now on"),
     Setting("language", str, "text normalization before tokenizing (see below)", LANGUAGES),
     Setting("speed", float, "speaking rate; 2.0 is twice as fast", lo=0.5, hi=2.0),
+    Setting(
+        "chunking",
+        str,
+        "`fast`: the server's chunk schedule, small chunks first (the earliest first audio); "
+        "`reference`: chunks on the model's 25-token grid, the audio its authors' streaming "
+        "gives (a later first audio); see docs/cosyvoice2.md",
+        ("fast", "reference"),
+    ),
     Setting("sampling.temperature", float, "0 always picks the likeliest token", lo=0, hi=2),
     Setting("sampling.top_k", int, "0 turns top-k off", lo=0, hi=1000),
     Setting("sampling.top_p", float, "1.0 turns top-p off", lo=0.01, hi=1.0),

@@ -270,6 +270,7 @@ class SessionRunner:
             frames=FrameFormat(encoder.sample_rate, encoder.tail_samples),
             language=s.language,
             hold_back=self.playout.hold_back,
+            grid=s.chunking == "reference",
         )
 
     def _drop(self, num: int) -> None:

@@ -179,6 +179,7 @@ class CosyFlow(FlowStage):
     def __init__(self, cfg: FlowConfig = FlowConfig()) -> None:
         super().__init__()
         self.cfg = cfg
+        self.grid: int | None = cfg.static_chunk_size
         self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.encoder_dim)
         self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.mel_bins)
         self.encoder = FlowEncoder(
@@ -316,6 +317,19 @@ class CosyFlow(FlowStage):
         )
         return x[:, :, r * p :]
 
+    def grid_sizes(self, prompt_len: int, n_tokens: int) -> list[int]:
+        """Chunk sizes of a grid turn (`initial_state(grid=True)`) of n_tokens that end on
+        grid lines: the first fills the prompt's last grid block, then whole blocks."""
+        sizes, pos = [], prompt_len
+        while pos < prompt_len + n_tokens:
+            n = min(
+                self.cfg.static_chunk_size - pos % self.cfg.static_chunk_size,
+                prompt_len + n_tokens - pos,
+            )
+            sizes.append(n)
+            pos += n
+        return sizes
+
     def stream_blocks(self, prompt_len: int, schedule: Sequence[int], n_tokens: int) -> list[int]:
         """Token blocks of the offline pass that equals streaming `n_tokens` with chunk
         sizes `schedule` (its last size repeats) after `initial_state` of a prompt of
@@ -345,6 +359,8 @@ class CosyFlow(FlowStage):
                 (batch, cfg.pre_lookahead), PAD_TOKEN, dtype=torch.long, device=w.device
             ),
             "pending_n": torch.zeros(batch, dtype=torch.long, device=w.device),
+            # > 0: chunks are masked on this token grid (`initial_state(grid=True)`)
+            "grid": torch.zeros(batch, dtype=torch.long, device=w.device),
             "pending_cond": w.new_zeros(
                 batch, cfg.mel_bins, cfg.token_mel_ratio * cfg.pre_lookahead
             ),
@@ -357,11 +373,18 @@ class CosyFlow(FlowStage):
         return st
 
     @torch.inference_mode()
-    def initial_state(self, prompt: VoiceLike) -> State:
+    def initial_state(self, prompt: VoiceLike, grid: bool = False) -> State:
         """A one-session state primed with the voice's prompt (tokens, mel, speaker).
 
         The result only depends on the voice: compute it once per voice and reuse it for
         every turn (`forward_chunk` never modifies a state it is given).
+
+        `grid`: the state of a turn whose chunks follow the released model's static
+        chunk grid (25 tokens from the first prompt token): only whole grid blocks of
+        the prompt are primed, the rest (3 to 27 tokens) waits for the first chunk, and
+        a chunk that spans a grid line is masked as the grid's blocks are. Chunks that
+        end on grid lines (`stream_sizes`) then give exactly the released streaming
+        pass, `synthesize(blocks=25)`.
         """
         cfg, r, look = self.cfg, self.cfg.token_mel_ratio, self.cfg.pre_lookahead
         w = self.encoder_proj.weight
@@ -378,6 +401,13 @@ class CosyFlow(FlowStage):
         st = self.empty_state(1)
         k = min(look, p)
         primed = p - k
+        width = look
+        if grid:
+            primed = max(0, p - look) // self.cfg.static_chunk_size * self.cfg.static_chunk_size
+            k, width = p - primed, look + self.cfg.static_chunk_size - 1
+            st["pending"] = torch.full((1, width), PAD_TOKEN, dtype=torch.long, device=w.device)
+            st["pending_cond"] = w.new_zeros(1, cfg.mel_bins, r * width)
+            st["grid"] = torch.full_like(st["grid"], self.cfg.static_chunk_size)
         for a in range(0, primed, cfg.static_chunk_size):
             e = min(a + cfg.static_chunk_size, primed)
             self._advance_state(tokens[None, a : e + look], spk, cond[:, :, r * a : r * e], st)
@@ -393,13 +423,15 @@ class CosyFlow(FlowStage):
         st["pending_n"] = st["pending_n"] + k
         return st
 
-    def _advance_state(self, tokens: Tensor, spk: Tensor, cond: Tensor, st: State) -> Tensor:
+    def _advance_state(
+        self, tokens: Tensor, spk: Tensor, cond: Tensor, st: State, block: Tensor | None = None
+    ) -> Tensor:
         """Run new tokens against a state (updated in the dict, tensors replaced)."""
         past = self.cache_length(st)
         w = self.window_frames
         # Room for a window and a quarter: the kept window is copied once per quarter.
         cache = Cache(st, None if w is None else w + w // 4)
-        x = self._advance(tokens, spk, cond, cache, st["frame"], st["pad"], past, None)
+        x = self._advance(tokens, spk, cond, cache, st["frame"], st["pad"], past, block)
         st["frame"] = st["frame"] + x.shape[2]
         return x
 
@@ -413,9 +445,11 @@ class CosyFlow(FlowStage):
         tokens = tokens.to(self.encoder_proj.weight.device).long()
         if n <= 0:
             return self.encoder_proj.weight.new_zeros(b, cfg.mel_bins, 0), dict(state)
-        pending = state["pending_n"]
-        if b > 1 and bool((pending != pending[0]).any()):
-            # First chunks (prompt tail pending) and later chunks: run apart, rejoin in order.
+        pending, grid = state["pending_n"], state["grid"]
+        apart = bool((pending != pending[0]).any() or (grid != grid[0]).any())
+        if b > 1 and (apart or bool(grid.any() and state["pad"].any())):
+            # First chunks (prompt tail pending) and later chunks, or chunks on the grid
+            # at different positions: run apart, rejoin in order.
             sessions = self.split_states(state, b)
             outs = [
                 self.forward_chunk(tokens[i : i + 1], spk[i : i + 1], s)
@@ -425,16 +459,22 @@ class CosyFlow(FlowStage):
         st = dict(state)
         if bool(st["pad"].any()):  # padded slots are dropped from the one-part layout
             st = self._trim(_merged(st))
-        k = int(pending[0])
-        look = cfg.pre_lookahead
+        k, width = int(pending[0]), st["pending"].shape[1]
         cond = self.encoder_proj.weight.new_zeros(b, cfg.mel_bins, r * n)
         if k:
-            tokens = torch.cat([st["pending"][:, look - k :], tokens], 1)
-            cond = torch.cat([st["pending_cond"][:, :, r * (look - k) :], cond], 2)
+            tokens = torch.cat([st["pending"][:, width - k :], tokens], 1)
+            cond = torch.cat([st["pending_cond"][:, :, r * (width - k) :], cond], 2)
             st["pending"] = torch.full_like(st["pending"], PAD_TOKEN)
             st["pending_cond"] = torch.zeros_like(st["pending_cond"])
             st["pending_n"] = torch.zeros_like(st["pending_n"])
-        x = self._advance_state(tokens, self._speaker(spk.to(cond.device, cond.dtype)), cond, st)
+        block = None
+        if int(grid[0]):  # the grid's blocks among this chunk's positions
+            first = int(st["frame"][0]) // r  # token position (the window may drop keys)
+            ids = (first + torch.arange(k + n, device=tokens.device)) // int(grid[0])
+            block = ids[None, :] <= ids[:, None] if ids[0] != ids[-1] else None
+        x = self._advance_state(
+            tokens, self._speaker(spk.to(cond.device, cond.dtype)), cond, st, block
+        )
         if self.window_frames is not None:
             self._forget(st, self.window_frames)
         return x[:, :, r * k :], st

@@ -116,7 +116,7 @@ class FlowModel(FlowStage):
     def _estimator_convs(self) -> list[CausalConv1d]:
         return [self.estimator.inp, *(b.conv for b in cast(list[ResBlock], self.estimator.blocks))]
 
-    def initial_state(self, voice: Voice | None = None) -> State:
+    def initial_state(self, voice: Voice | None = None, grid: bool = False) -> State:
         """Per-turn state for one session; CFG caches have 2 rows (cond, uncond). The
         tiny flow has no prompt conditioning, so the voice does not enter."""
         state = {f"enc{i}": c.empty_cache(1) for i, c in enumerate(self._encoder_convs())}
