@@ -324,12 +324,14 @@ def grid_deviation(
     schedule: tuple[int, ...],
     stream_flow: FlowStage | None = None,
     tokens: int = 60,
+    grid: bool = False,
 ) -> dict[str, float] | None:
     """The streamed mel (of `stream_flow`, default the model's) with `schedule` against
     the released streaming grid of the model's flow (one pass with the static 25-token
     chunk mask from the first prompt token), on `tokens` random tokens: the largest
     difference and the RMS of the difference relative to the mel's own RMS around its
-    mean (log-mel). None for a flow without that offline pass."""
+    mean (log-mel). None for a flow without that offline pass. `grid`: a grid state
+    and chunks on the grid (`chunking: reference`) instead of `schedule`."""
     flow: Any = model.flow
     streaming = stream_flow or model.flow
     if not hasattr(flow, "synthesize") or voice.prompt_mel is None:
@@ -339,7 +341,9 @@ def grid_deviation(
     ids = torch.randint(0, 6561, (tokens,), generator=gen).tolist()
     padded = ids + [PAD_TOKEN] * look
     spk = voice.embedding[None].to(dev)
-    state, mels, done, i = streaming.initial_state(voice), [], 0, 0
+    state, mels, done, i = streaming.initial_state(voice, grid), [], 0, 0
+    if grid:
+        schedule = tuple(streaming.grid_sizes(len(voice.prompt_tokens), tokens))
     while done < tokens:
         n = min(schedule[min(i, len(schedule) - 1)], tokens - done)
         chunk = torch.tensor([padded[done : done + n + look]], device=dev)
@@ -347,15 +351,15 @@ def grid_deviation(
         mels.append(mel.float())
         done, i = done + n, i + 1
     streamed = torch.cat(mels, 2)
-    grid = flow.synthesize(
+    reference = flow.synthesize(
         torch.tensor([ids], device=dev),
         torch.tensor([voice.prompt_tokens], device=dev),
         voice.prompt_mel[None].to(dev),
         spk,
         blocks=flow.cfg.static_chunk_size,
     )
-    diff = streamed - grid
-    spread = (grid - grid.mean()).pow(2).mean().sqrt().clamp(min=1e-12)
+    diff = streamed - reference
+    spread = (reference - reference.mean()).pow(2).mean().sqrt().clamp(min=1e-12)
     return {
         "max_abs": round(float(diff.abs().max()), 5),
         "rel_rms": round(float(diff.pow(2).mean().sqrt() / spread), 5),
@@ -437,6 +441,14 @@ def measure(
         }
     report["lm_prefill"] = prefill_ms(model, voice)
     report["threads"] = threads
+    # `chunking: reference` (float32 flow): the released streaming itself, at the cost
+    # of a first chunk that fills the prompt's last grid block
+    grid = getattr(model.flow, "grid", None)
+    if grid:
+        report["reference_chunking"] = {
+            "first_chunk_tokens": model.flow.grid_sizes(len(voice.prompt_tokens), 60)[0],
+            "mel_vs_reference_grid": grid_deviation(model, voice, (), grid=True),
+        }
     return report
 
 
@@ -471,6 +483,11 @@ def table(report: dict[str, Any]) -> str:
                 f"{n}: chunks {report[n]['mode']['schedule']}, mel vs the 25-token reference "
                 f"grid: max {g['max_abs']}, relative RMS {g['rel_rms']}"
             )
+    if (ref := report.get("reference_chunking")) and ref["mel_vs_reference_grid"]:
+        lines.append(
+            f"chunking reference: first chunk {ref['first_chunk_tokens']} tokens, mel vs the "
+            f"grid: max {ref['mel_vs_reference_grid']['max_abs']}"
+        )
     pf = report["lm_prefill"]
     lines.append(
         f"LM prefill of {pf['prompt_positions']} positions: {pf['uncached_ms_p50']} ms; "

@@ -23,7 +23,8 @@ Masking (the one choice that decides what "offline" means for streaming):
   below), on the grid only when that is a multiple of 25; otherwise no schedule puts
   every boundary on the grid (measured on small random weights, prompt 50: chunks of
   25 differ from the grid pass by up to 0.18 in log-mel, most in the first frames,
-  0.003 later). Other chunkings
+  0.003 later) — unless the state is a grid state (`initial_state(grid=True)`, chunk
+  sizes from `grid_sizes`), which primes whole grid blocks only. Other chunkings
   give each frame more (larger chunks) or less (smaller) right context than the 25-token
   grid; a 1-token schedule is plain causal attention. `synthesize(blocks=None)` is the
   released non-streaming pass (full attention), which no streaming scheme can reproduce.
