@@ -409,7 +409,7 @@ def test_a_warm_voice_is_primed_before_its_first_turn(small):
     engine.start()
     try:
         assert engine.acoustic.warmed.wait(60)
-        assert set(engine.acoustic._primed_states) == {"agent"}  # before any turn
+        assert set(engine.acoustic._primed_states) == {("agent", False)}  # before any turn
     finally:
         engine.stop()
     cold = EmbeddedEngine(small, 1)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..audio.framing import Framer
-from ..model.contract import State, VocoderStage, Voice
+from ..model.contract import PAD_TOKEN, State, VocoderStage, Voice
 from ..model.quantize import FlowPrecision, reduced_flow
 from ..model.speech_model import SpeechModel
 from ..model.stretch import MelStretcher
@@ -171,6 +171,15 @@ class AcousticWorker:
             self._primed_states[(voice.name, grid)] = cached
         return cached[1]
 
+    def _rehearse(self, voice: Voice) -> None:
+        """Prime the voice and run one first chunk's flow and vocoder from it, thrown
+        away: the first real turn then finds the kernels' per-shape set-up done too."""
+        primed = self._primed(voice)
+        look, dev = self.model.pre_lookahead, self.model.device
+        tokens = torch.tensor([[0] * 4 + [PAD_TOKEN] * look], device=dev)
+        mel, _ = self.flow.forward_chunk(tokens, voice.embedding[None].to(dev), primed)
+        self.model.vocoder.forward_chunk(mel.float(), self.model.vocoder.initial_state(), True)
+
     def forget_voice(self, name: str) -> None:
         """Drop the primed flow state cached for voice `name` (a deleted voice). A turn
         already running keeps its own reference to the state."""
@@ -206,7 +215,7 @@ class AcousticWorker:
         for voice in self._warm:  # chunks that arrive meanwhile wait in the queue
             try:
                 with torch.inference_mode():
-                    self._primed(voice)
+                    self._rehearse(voice)
             except Exception:  # its first turn will try again, and fail on its own
                 log.exception("priming voice %r failed", voice.name)
         self.warmed.set()
