@@ -164,20 +164,21 @@ def test_the_loss_falls_when_one_batch_is_learned(work) -> None:
 
 def test_training_stops_at_its_budget_and_resumes_from_its_checkpoint(work) -> None:
     hyper = Hyper(batch_positions=400, warmup=5, log_every=2, checkpoint_s=0.5)
-    first = lm_train.train(work, 6.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    first = lm_train.train(work, 4.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
     assert first["steps_this_run"] > 0
-    assert first["wall_s"] < 6.0 + 2.0
+    assert first["wall_s"] < 4.0 + 2.0
     ckpt = lm_train.checkpoint_path(work)
     saved = Trainer.load(ckpt)
     assert saved.step == first["step"]
     assert saved.opt.state_dict()["state"], "the optimizer's moments are kept"
-    second = lm_train.train(work, 4.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    second = lm_train.train(work, 3.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
     assert second["step"] == first["step"] + second["steps_this_run"]
     assert second["start_ce"] is None  # no start-of-training evaluation when resuming
     log = (lm_train.lm_dir(work) / "log.tsv").read_text().splitlines()
     assert log[0].split("\t") == list(lm_train.LOG_COLUMNS)
-    held = [r.split("\t") for r in log[1:] if r.split("\t")[-1]]
-    assert float(held[0][-1]) > float(held[-1][-1])  # held-out cross-entropy went down
+    col = lm_train.LOG_COLUMNS.index("heldout_ce")
+    held = [float(r.split("\t")[col]) for r in log[1:] if r.split("\t")[col]]
+    assert held[0] > held[-1]  # held-out cross-entropy went down
 
 
 def test_a_resumed_checkpoint_continues_at_the_same_step_with_the_same_weights(work) -> None:
@@ -206,7 +207,7 @@ def test_a_resumed_checkpoint_continues_at_the_same_step_with_the_same_weights(w
 
 def test_the_exported_lm_loads_with_the_project_loader_and_speaks(work, tmp_path) -> None:
     hyper = Hyper(batch_positions=400, warmup=5, lr=3e-3, dropout=0.0)
-    lm_train.train(work, 8.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    lm_train.train(work, 5.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
     model_dir = write_random_cosyvoice2(tmp_path / "model", "small")
     shutil.rmtree(model_dir / QWEN_DIR)
     shutil.copytree(lm_train.tokenizer_dir(work), model_dir / QWEN_DIR)
@@ -234,7 +235,7 @@ def test_the_exported_lm_loads_with_the_project_loader_and_speaks(work, tmp_path
 
 
 def test_the_lm_stage_is_a_train_command_with_a_budget_in_minutes(work, capsys) -> None:
-    assert main(["train", "lm", "--out", str(work), "--budget-min", "0.1"]) == 0
+    assert main(["train", "lm", "--out", str(work), "--budget-min", "0.05"]) == 0
     assert lm_train.checkpoint_path(work).is_file()
     assert "lm: " in capsys.readouterr().out
     saved = Trainer.load(lm_train.checkpoint_path(work))
