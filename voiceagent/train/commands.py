@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import corpus, feats, teacher, tokens
+from . import corpus, feats, lm_train, teacher, tokens
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -141,6 +141,23 @@ def _tokens(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _lm_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--budget-min",
+        type=float,
+        default=4.0,
+        help="minutes of training (resumes where it left off)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+
+
+def _lm(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
+        return code
+    lm_train.train(work, 60 * args.budget_min, threads=args.threads)
+    return 0
+
+
 STAGES = [
     Stage(
         "corpus",
@@ -165,6 +182,12 @@ STAGES = [
         "speech tokens of our own: k-means over mel-frame pairs, 25 per second",
         _tokens_flags,
         _tokens,
+    ),
+    Stage(
+        "lm",
+        "train the speech-token LM (text -> our speech tokens) for --budget-min minutes",
+        _lm_flags,
+        _lm,
     ),
 ]
 

@@ -1,0 +1,242 @@
+"""The `lm` training stage (voiceagent/train/lm_train.py): the speech-token LM learns
+text -> speech tokens from the work directory's teacher manifest and speech tokens, on
+exactly the input the server feeds it, and exports an `llm.pt` the loader reads.
+
+The data here is synthetic, in the on-disk format of the earlier stages: a manifest of
+a few sentences and, for each, speech tokens that follow from its letters.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from voiceagent.cli import main
+from voiceagent.model import checkpoint
+from voiceagent.model.contract import EOS_TOKEN
+from voiceagent.model.cosyvoice2.loader import QWEN_DIR
+from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_cosyvoice2
+from voiceagent.model.cosyvoice2.text_tokenizer import QwenTextTokenizer
+from voiceagent.model.lm import KVPool
+from voiceagent.text.normalize import normalize
+from voiceagent.train import lm_train
+from voiceagent.train.lm_train import IGNORE, Example, Hyper, Trainer
+
+SMALL = SIZES["small"]
+TRAIN = [
+    "Please hold while I transfer your call.",
+    "Your balance is $42.50 as of today.",
+    "The meeting starts at 3:30 on Monday.",
+    "Press one for sales, two for support.",
+    "Thank you for calling, have a nice day.",
+    "Your order number is seven four two.",
+    "I can help you with that right away.",
+    "Please say or enter your account number.",
+]
+HELDOUT = ["Hold on, I will check that for you.", "The office opens at 9:15."]
+
+
+def speech_of(text: str) -> np.ndarray:
+    """Synthetic speech tokens: three per character of the spoken form (enough above the
+    decoder's minimum of two per text token), a function of the character."""
+    out = []
+    for ch in normalize(text, "auto").lower():
+        c = ord(ch) % 40
+        out += [c, c + 40, c + 80]
+    return np.array(out, dtype=np.int16)
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    w = tmp_path / "train"
+    (w / "teacher").mkdir(parents=True)
+    (w / "tokens").mkdir()
+    rows = ["id\tseconds\ttext\tsplit"]
+    speech = {}
+    for split, texts in (("train", TRAIN), ("heldout", HELDOUT)):
+        for i, text in enumerate(texts):
+            uid = f"{split}-{i}"
+            speech[uid] = speech_of(text)
+            rows.append(f"{uid}\t{len(speech[uid]) / 25:.3f}\t{text}\t{split}")
+    (w / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
+    np.savez(w / "tokens" / "tokens.npz", **speech)  # type: ignore[arg-type]
+    (w / "tokens" / "stage.json").write_text(json.dumps({"codes": 120}))
+    return w
+
+
+def small_trainer(work: Path, **hyper: float) -> tuple[Trainer, list[Example], list[Example]]:
+    tok = lm_train.text_tokenizer(work, SMALL, merges=40)
+    train, heldout = lm_train.load_examples(work, tok)
+    cfg = lm_train.lm_config(SMALL, lm_train.tokenizer_dir(work))
+    return Trainer.fresh(cfg, Hyper(**hyper)), train, heldout  # type: ignore[arg-type]
+
+
+# -- what the LM reads ----------------------------------------------------------------------
+
+
+def test_text_is_encoded_as_a_turn_encodes_it_with_merges_learned_from_train_text(work) -> None:
+    tok = lm_train.text_tokenizer(work, SMALL, merges=40)
+    folder = lm_train.tokenizer_dir(work)
+    served = QwenTextTokenizer(folder)  # what the loader builds from the exported folder
+    text = "Your balance is $42.50 at 3:30."
+    ids = lm_train.encode(tok, text)
+    assert ids == served.encode(normalize(text, "auto"))
+    assert served.decode(ids) == normalize(text, "auto")
+    assert len(ids) < len(normalize(text, "auto").encode())  # merges: fewer ids than bytes
+    config = json.loads((folder / "config.json").read_text())
+    assert config["vocab_size"] == served.vocab_size
+    assert config["hidden_size"] == SMALL["lm_hidden"]
+    # a second call reuses the folder (the checkpoint's text embedding is indexed by it)
+    before = (folder / "merges.txt").read_text()
+    lm_train.text_tokenizer(work, SMALL, merges=5)
+    assert (folder / "merges.txt").read_text() == before
+
+
+def test_a_sequence_is_the_serving_prompt_and_its_targets_are_the_speech_then_the_end(
+    work,
+) -> None:
+    tr, train, _ = small_trainer(work)
+    ex = train[0]
+    inputs, targets = lm_train.embed(tr.lm, [ex])
+    with torch.no_grad():
+        served = tr.lm.prompt_embeds(list(ex.text), list(ex.speech))
+    assert torch.equal(inputs, served)
+    expected = [IGNORE] * (1 + len(ex.text)) + list(ex.speech) + [EOS_TOKEN]
+    assert targets[0].tolist() == expected
+
+
+def test_a_joined_example_is_a_voice_prompt_followed_by_the_segment(work) -> None:
+    _, train, _ = small_trainer(work)
+    batches = lm_train.epoch_batches(train, join=1.0, max_positions=10_000, seed=0)
+    items = [ex for b in batches for ex in b]
+    assert len(items) == len(train)
+    for ex in items:
+        prompts = [p for p in train if ex.text[: len(p.text)] == p.text]
+        ends = [e for e in train if ex.text[len(ex.text) - len(e.text) :] == e.text]
+        assert any(ex == p.joined(e) for p in prompts for e in ends), (
+            "text ids a + b with speech a + b"
+        )
+    plain = lm_train.epoch_batches(train, join=0.0, max_positions=10_000, seed=0)
+    assert sorted(ex.positions for b in plain for ex in b) == sorted(e.positions for e in train)
+
+
+def test_batches_by_length_stay_within_the_position_budget(work) -> None:
+    _, train, _ = small_trainer(work)
+    for batch in lm_train.epoch_batches(train, join=0.3, max_positions=300, seed=1):
+        assert len(batch) == 1 or len(batch) * max(e.positions for e in batch) <= 300
+
+
+def test_the_training_forward_equals_the_serving_forward(work) -> None:
+    tr, train, _ = small_trainer(work)
+    lm = tr.lm.eval()
+    short, long = sorted(train[:2], key=lambda e: e.positions)
+    with torch.no_grad():
+        inputs, targets = lm_train.embed(lm, [long, short])  # the short row is padded
+        h = lm_train.hidden_states(lm, inputs)
+        for row, ex in enumerate((long, short)):
+            last = ex.positions - 1
+            trained = lm.llm_decoder(h[row, last])
+            pool = KVPool(lm.cfg, 1, 512, torch.device("cpu"))
+            prompt = lm.prompt_embeds(list(ex.text), list(ex.speech))
+            zero = torch.tensor([0])
+            served = lm.forward_embeds(prompt, pool, zero, zero)[0]
+            torch.testing.assert_close(trained, served, atol=1e-4, rtol=1e-4)
+            assert targets[row, last] == EOS_TOKEN
+
+
+# -- training -------------------------------------------------------------------------------
+
+
+def test_the_loss_falls_when_one_batch_is_learned(work) -> None:
+    torch.set_num_threads(1)
+    tr, train, _ = small_trainer(work, lr=3e-3, warmup=5, dropout=0.0)
+    batch = train[:4]
+    losses = [tr.train_step(batch) for _ in range(40)]
+    assert losses[0] > 4.0  # about ln(6564) = 8.8 at the start
+    assert losses[-1] < 0.5 * losses[0]
+    assert tr.step == 40
+
+
+def test_training_stops_at_its_budget_and_resumes_from_its_checkpoint(work) -> None:
+    hyper = Hyper(batch_positions=400, warmup=5, log_every=2, checkpoint_s=0.5)
+    first = lm_train.train(work, 4.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    assert first["steps_this_run"] > 0
+    assert first["wall_s"] < 4.0 + 2.0
+    ckpt = lm_train.checkpoint_path(work)
+    saved = Trainer.load(ckpt)
+    assert saved.step == first["step"]
+    assert saved.opt.state_dict()["state"], "the optimizer's moments are kept"
+    second = lm_train.train(work, 3.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    assert second["step"] == first["step"] + second["steps_this_run"]
+    assert second["start_ce"] is None  # no start-of-training evaluation when resuming
+    log = (lm_train.lm_dir(work) / "log.tsv").read_text().splitlines()
+    assert log[0].split("\t") == list(lm_train.LOG_COLUMNS)
+    col = lm_train.LOG_COLUMNS.index("heldout_ce")
+    held = [float(r.split("\t")[col]) for r in log[1:] if r.split("\t")[col]]
+    assert held[0] > held[-1]  # held-out cross-entropy went down
+
+
+def test_a_resumed_checkpoint_continues_at_the_same_step_with_the_same_weights(work) -> None:
+    tr, train, _ = small_trainer(work, warmup=5)
+    batches = tr.batches(train)
+    for _ in range(3):
+        tr.train_step(next(batches))
+    path = lm_train.checkpoint_path(work)
+    tr.save(path)
+    back = Trainer.load(path)
+    assert (back.step, back.epoch, back.index) == (tr.step, tr.epoch, tr.index)
+    for (name, a), b in zip(tr.lm.state_dict().items(), back.lm.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    # both take the same next step
+    nxt_a, nxt_b = next(batches), next(back.batches(train))
+    assert nxt_a == nxt_b
+    torch.manual_seed(0)
+    la = tr.train_step(nxt_a)
+    torch.manual_seed(0)
+    lb = back.train_step(nxt_b)
+    assert la == pytest.approx(lb, rel=1e-5)
+
+
+# -- export ---------------------------------------------------------------------------------
+
+
+def test_the_exported_lm_loads_with_the_project_loader_and_speaks(work, tmp_path) -> None:
+    hyper = Hyper(batch_positions=400, warmup=5, lr=3e-3, dropout=0.0)
+    lm_train.train(work, 5.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    model_dir = write_random_cosyvoice2(tmp_path / "model", "small")
+    shutil.rmtree(model_dir / QWEN_DIR)
+    shutil.copytree(lm_train.tokenizer_dir(work), model_dir / QWEN_DIR)
+    state = lm_train.export_state(work)
+    assert state[lm_train.HEAD] is state[lm_train.EMBED] or torch.equal(
+        state[lm_train.HEAD], state[lm_train.EMBED]
+    )
+    torch.save(state, model_dir / "llm.pt")
+
+    model = checkpoint.load(model_dir)
+    for name, value in model.lm.state_dict().items():
+        assert torch.equal(value, state[name]), name
+    voice = next(iter(model.voices.values()))
+    text = HELDOUT[0]
+    tokens = lm_train.speak_tokens(model, text, voice)
+    n = len(lm_train.encode(model.tokenizer, text))
+    lo, hi = model.token_ratio
+    assert int(n * lo) <= len(tokens) <= int(n * hi)
+    assert all(0 <= t < 6561 for t in tokens)
+    pcm = model.synthesize_offline(tokens, voice)
+    assert pcm.size > 0 and np.isfinite(pcm).all()
+    # the same check without a flow: the LM and its tokenizer alone
+    alone = lm_train.lm_model(work, SMALL)
+    assert lm_train.speak_tokens(alone, text, lm_train.no_prompt_voice())
+
+
+def test_the_lm_stage_is_a_train_command_with_a_budget_in_minutes(work, capsys) -> None:
+    assert main(["train", "lm", "--out", str(work), "--budget-min", "0.05"]) == 0
+    assert lm_train.checkpoint_path(work).is_file()
+    assert "lm: " in capsys.readouterr().out
+    saved = Trainer.load(lm_train.checkpoint_path(work))
+    assert saved.lm.cfg.hidden == lm_train.VOICE["lm_hidden"]  # the voice's sizes by default
