@@ -141,6 +141,25 @@ def _tokens(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _flow_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget-min", type=float, default=60.0, help="minutes of training this run")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+
+
+def _flow(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
+        return code
+    import torch
+
+    from . import flow_train
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    summary = flow_train.train(work, 60 * args.budget_min)
+    print(f"flow: {summary}")
+    return 0
+
+
 STAGES = [
     Stage(
         "corpus",
@@ -165,6 +184,12 @@ STAGES = [
         "speech tokens of our own: k-means over mel-frame pairs, 25 per second",
         _tokens_flags,
         _tokens,
+    ),
+    Stage(
+        "flow",
+        "train the flow (tokens -> mel) by conditional flow matching; resumes",
+        _flow_flags,
+        _flow,
     ),
 ]
 
