@@ -18,6 +18,7 @@ import torch
 
 from voiceagent.cli import main
 from voiceagent.model import checkpoint
+from voiceagent.model.cosyvoice2.flow_decoder import mish
 from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_cosyvoice2
 from voiceagent.train import flow_train
 from voiceagent.train.flow_train import Data, Params, make_batch
@@ -78,6 +79,7 @@ def test_the_loss_falls_on_a_fixed_batch(work: Path) -> None:
 
 
 @pytest.mark.parametrize("streaming", [False, True])
+@torch.no_grad()
 def test_padding_in_a_batch_changes_no_utterance_s_loss(work: Path, streaming: bool) -> None:
     """Utterances of different lengths batch together: trailing padding is masked in
     every attention and the convolutions are causal, so each utterance's loss is the one
@@ -103,6 +105,7 @@ def test_padding_in_a_batch_changes_no_utterance_s_loss(work: Path, streaming: b
     assert float(flow.training_loss(**both)) == pytest.approx(expected, rel=1e-5)
 
 
+@torch.no_grad()
 def test_a_dropped_condition_hides_tokens_speaker_and_prompt(work: Path) -> None:
     """CFG training: a dropped row sees neither its tokens, nor the speaker, nor the prompt
     mel (inference guides against exactly such a row)."""
@@ -179,3 +182,14 @@ def test_voiceagent_train_flow_trains_for_its_budget(work: Path, tmp_path: Path,
     assert code in (0, None)
     assert (tmp_path / "w" / "flow" / "checkpoint.pt").is_file()
     assert "'step':" in capsys.readouterr().out
+
+
+def test_the_estimator_s_mish_has_f_mish_values_and_gradient() -> None:
+    x = torch.linspace(-30, 30, 2001, dtype=torch.float64, requires_grad=True)
+    ours = mish(x)
+    (grad,) = torch.autograd.grad(ours.sum(), x)
+    y = x.detach().clone().requires_grad_(True)
+    ref = torch.nn.functional.mish(y)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), y)
+    assert torch.equal(ours.detach(), ref.detach())
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
