@@ -171,6 +171,13 @@ def test_the_exported_flow_loads_with_the_project_loader_and_synthesizes(
     prompt = (data.tokens[1][:10], data.mels[1][:, :20])
     loaded = flow_train.mel_l1(model.flow, data, [0], speaker, prompt)  # type: ignore[arg-type]
     assert loaded == flow_train.mel_l1(ours, data, [0], speaker, prompt)
+    check = flow_train.evaluate(tmp_path / "w", n=2)
+    assert set(check) == {
+        f"{who}_{how}"
+        for who in ("trained", "random")
+        for how in ("no_prompt", "prompt", "streaming")
+    } | {"mean_frame"}
+    assert all(np.isfinite(v) and v > 0 for v in check.values())
     voice = model.voices["agent"]
     audio = model.synthesize_offline(data.tokens[0].tolist(), voice)
     assert audio.size > 0 and np.isfinite(audio).all()

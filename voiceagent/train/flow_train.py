@@ -422,7 +422,8 @@ def mel_l1(
 def evaluate(work: Path, n: int = 2, prompt_tokens: int = 75) -> dict[str, float]:
     """mel_l1 of the trained and of the random-init flow on the first n held-out
     utterances: without a prompt, with a prompt (the first `prompt_tokens` of the first
-    train utterance that long), and streamed (static chunk mask)."""
+    train utterance that long), and streamed (static chunk mask); and, for scale, that of
+    one constant frame (the mean log-mel of 200 train utterances)."""
     held, train_data = Data(work, "heldout", limit=n), Data(work, "train", limit=200)
     speaker = speaker_vector(work)
     ready = [i for i in range(len(train_data)) if train_data.lengths[i] >= prompt_tokens]
@@ -434,7 +435,9 @@ def evaluate(work: Path, n: int = 2, prompt_tokens: int = 75) -> dict[str, float
     assert ckpt is not None
     random_init = new_flow({k: int(v) for k, v in ckpt["sizes"].items()}).eval()
     items = list(range(len(held)))
-    out = {}
+    # For scale: the error of one constant frame, the train utterances' mean log-mel.
+    mean = torch.cat(train_data.mels, dim=1).mean(dim=1, keepdim=True)
+    out = {"mean_frame": sum(float((held.mels[i] - mean).abs().mean()) for i in items) / len(items)}
     for name, flow in (("trained", trained), ("random", random_init)):
         out[f"{name}_no_prompt"] = mel_l1(flow, held, items, speaker)
         out[f"{name}_prompt"] = mel_l1(flow, held, items, speaker, prompt)
