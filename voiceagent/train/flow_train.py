@@ -73,10 +73,10 @@ LOG_HEADER = "step\tseconds\tsplit\tloss\tframes_per_s\tlr\n"
 
 @dataclass(frozen=True)
 class Params:
-    batch_frames: int = 2000  # mel frames per batch, padding included (the reference's 2000)
+    batch_frames: int = 1000  # mel frames per batch, padding included (the reference: 2000)
     max_tokens: int = 300  # longer utterances are cut to a random window of this many
     lr: float = 1e-3
-    warmup: int = 200  # steps of linear learning-rate warm-up
+    warmup: int = 50  # steps of linear learning-rate warm-up
     grad_clip: float = 5.0
     cfg_drop: float = 0.2
     prompt_rate: float = 0.5
