@@ -141,7 +141,7 @@ def _tokens(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _lm_flags(p: argparse.ArgumentParser) -> None:
+def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budget-min",
         type=float,
@@ -155,6 +155,19 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
     if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
         return code
     lm_train.train(work, 60 * args.budget_min, threads=args.threads)
+    return 0
+
+
+def _flow(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
+        return code
+    import torch
+
+    from . import flow_train
+
+    torch.set_num_threads(args.threads)
+    summary = flow_train.train(work, 60 * args.budget_min)
+    print(f"flow: {summary}")
     return 0
 
 
@@ -186,8 +199,14 @@ STAGES = [
     Stage(
         "lm",
         "train the speech-token LM (text -> our speech tokens) for --budget-min minutes",
-        _lm_flags,
+        _training_flags,
         _lm,
+    ),
+    Stage(
+        "flow",
+        "train the flow (tokens -> mel) by conditional flow matching; resumes",
+        _training_flags,
+        _flow,
     ),
 ]
 

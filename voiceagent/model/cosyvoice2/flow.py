@@ -36,6 +36,11 @@ tokens through the lookahead convolution, as in the reference. So `initial_state
 encodes the prompt except those tokens (in grid blocks of `static_chunk_size`) and keeps
 them, with their mel, as fixed-size `pending*` entries that the first chunk prepends.
 
+Training (`training_loss`): one pass of the encoder and one estimator call on x_t, with
+the offline pass's caches (`Cache(None)`) and masks (full attention, or the static chunk
+mask of `static_chunk_size` tokens), plus masked trailing padding; voiceagent/train/
+flow_train.py draws the noise, times, prompts and CFG drops.
+
 State layout and batching:
   Fixed-size entries have the session as dim 0 (`frame`, `pad`, `pending*`, the conv
   contexts `enc.look`, `enc.up`); estimator entries `s{step}.*` have the two CFG rows
@@ -218,6 +223,31 @@ class CosyFlow(FlowStage):
     def _speaker(self, spk: Tensor) -> Tensor:
         return cast(Tensor, self.spk_embed_affine_layer(F.normalize(spk, dim=1)))
 
+    def _encode(
+        self,
+        tokens: Tensor,
+        cache: Cache,
+        pad: Tensor,
+        past: int,
+        block: Tensor | None,
+        valid: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        """mu [b, mel, ratio * m] of m new tokens (tokens [b, m + lookahead], PAD_TOKEN past
+        the end) and the frame-rate attention mask the estimator uses with it. valid [b]:
+        real tokens of each row (training batches), None: all m."""
+        cfg, r = self.cfg, self.cfg.token_mel_ratio
+        m = tokens.shape[1] - cfg.pre_lookahead
+        frame_block = None
+        if block is not None:
+            frame_block = block.repeat_interleave(r, 0).repeat_interleave(r, 1)
+        token_mask = attention_mask(pad, past, m, block, valid)
+        frame_mask = attention_mask(
+            pad * r, past * r, m * r, frame_block, None if valid is None else valid * r
+        )
+        emb = self.input_embedding(tokens.clamp(min=0))
+        h = self.encoder(emb, tokens >= 0, cache, token_mask, frame_mask)
+        return self.encoder_proj(h).transpose(1, 2), frame_mask
+
     def _advance(
         self,
         tokens: Tensor,
@@ -233,16 +263,9 @@ class CosyFlow(FlowStage):
         spk [b, mel] (projected), cond [b, mel, ratio * m] (prompt mel or zeros),
         frame0 [b] absolute mel frame of the first new frame, pad [b] padded token slots
         and `past` token positions in the cache, block [m, m] offline token block mask."""
-        cfg, r = self.cfg, self.cfg.token_mel_ratio
-        b, m = tokens.shape[0], tokens.shape[1] - cfg.pre_lookahead
-        frame_block = None
-        if block is not None:
-            frame_block = block.repeat_interleave(r, 0).repeat_interleave(r, 1)
-        token_mask = attention_mask(pad, past, m, block)
-        frame_mask = attention_mask(pad * r, past * r, m * r, frame_block)
-        emb = self.input_embedding(tokens.clamp(min=0))
-        h = self.encoder(emb, tokens >= 0, cache, token_mask, frame_mask)
-        mu = self.encoder_proj(h).transpose(1, 2)
+        cfg = self.cfg
+        b = tokens.shape[0]
+        mu, frame_mask = self._encode(tokens, cache, pad, past, block)
         frames = mu.shape[2]
         noise = self.decoder.rand_noise[0]
         idx = (frame0[:, None] + torch.arange(frames, device=mu.device)) % noise.shape[1]
@@ -330,6 +353,57 @@ class CosyFlow(FlowStage):
             sizes.append(n)
             pos += n
         return sizes
+
+    # -- training --------------------------------------------------------------------------
+
+    def training_loss(
+        self,
+        tokens: Tensor,
+        lengths: Tensor,
+        mel: Tensor,
+        cond: Tensor,
+        spk: Tensor,
+        t: Tensor,
+        noise: Tensor,
+        keep: Tensor,
+        streaming: bool,
+        sigma_min: float = 1e-6,
+    ) -> Tensor:
+        """The conditional flow matching loss of one batch, with gradients: the released
+        training forward (CausalMaskedDiffWithXvec.forward, CausalConditionalCFM.compute_loss)
+        through the modules and masks inference uses; the draws are the caller's.
+
+        tokens [b, N + lookahead] (each row's `lengths` [b] tokens, then its lookahead:
+        the tokens that follow, or PAD_TOKEN past the utterance's end, then PAD_TOKEN),
+        mel [b, mel, ratio * N] the target, cond [b, mel, ratio * N] the prompt condition
+        (a prefix of the target, zeros after it), spk [b, 192] speaker vectors, t [b] flow
+        times in [0, 1], noise like mel (x at t = 0), keep [b] (False: mu, speaker and
+        prompt condition all zero, the CFG training drop), streaming: the static chunk
+        mask (`static_chunk_size` tokens from the first) instead of full attention.
+        Returns the mean squared error of the predicted velocity over the real frames.
+        """
+        cfg, r = self.cfg, self.cfg.token_mel_ratio
+        b, n = tokens.shape[0], tokens.shape[1] - cfg.pre_lookahead
+        zeros = torch.zeros(b, dtype=torch.long, device=tokens.device)
+        block = self._block_mask(n, cfg.static_chunk_size if streaming else None)
+        mu, mask = self._encode(tokens, Cache(None), zeros, 0, block, lengths)
+        on = keep.to(mu.dtype)
+        tt = t.to(mu.dtype)[:, None, None]
+        x_t = (1 - (1 - sigma_min) * tt) * noise + tt * mel
+        target = mel - (1 - sigma_min) * noise
+        v = self.estimator(
+            x_t,
+            mu * on[:, None, None],
+            self._speaker(spk.to(mu.dtype)) * on[:, None],
+            cond * on[:, None, None],
+            self.estimator.time_embedding(t.to(mu.dtype)),
+            Cache(None),
+            "",
+            mask,
+        )
+        real = torch.arange(r * n, device=mu.device)[None, :] < r * lengths[:, None]
+        real = real[:, None, :].to(mu.dtype)
+        return ((v - target) ** 2 * real).sum() / (real.sum() * cfg.mel_bins)
 
     def stream_blocks(self, prompt_len: int, schedule: Sequence[int], n_tokens: int) -> list[int]:
         """Token blocks of the offline pass that equals streaming `n_tokens` with chunk

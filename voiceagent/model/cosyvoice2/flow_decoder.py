@@ -15,7 +15,7 @@ estimator can run on a chunk of new frames per Euler step.
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,29 @@ class CausalConv(nn.Conv1d):
         return cache.conv(prefix + self.cache_key, self, x)
 
 
+class _Mish(torch.autograd.Function):
+    """F.mish with a backward of plain vectorized ops (training on CPU: aten's
+    mish_backward took 14% of a training step, 13x the forward)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor) -> Tensor:
+        ctx.save_for_backward(x)
+        return F.mish(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (x,) = ctx.saved_tensors
+        tsp = torch.tanh(F.softplus(x))
+        return grad * (tsp + x * torch.sigmoid(x) * (1 - tsp * tsp))
+
+
+def mish(x: Tensor) -> Tensor:
+    """F.mish; the same values, with a faster backward when a gradient is needed."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        return cast(Tensor, _Mish.apply(x))
+    return F.mish(x)
+
+
 class CausalBlock(nn.Module):
     """Causal conv -> LayerNorm over channels -> Mish. Only indices 0 and 2 hold weights,
     as in the released model's Sequential(conv, transpose, norm, transpose, mish)."""
@@ -48,7 +71,7 @@ class CausalBlock(nn.Module):
     def forward(self, x: Tensor, cache: Cache, prefix: str) -> Tensor:
         conv, norm = cast(CausalConv, self.block[0]), self.block[2]
         h = conv.step(x, cache, prefix)
-        return F.mish(norm(h.transpose(1, 2)).transpose(1, 2))
+        return mish(norm(h.transpose(1, 2)).transpose(1, 2))
 
 
 class ResnetBlock(nn.Module):

@@ -113,17 +113,24 @@ def drop_front(t: Tensor, steps: int) -> Tensor:
     return out if room is None else keep_room(out, room, start + steps)
 
 
-def attention_mask(pad: Tensor, past: int, n: int, block: Tensor | None) -> Tensor | None:
+def attention_mask(
+    pad: Tensor, past: int, n: int, block: Tensor | None, valid: Tensor | None = None
+) -> Tensor | None:
     """Which keys each of n new queries may read: [rows, 1, n, past + n] (True = read).
 
     `pad` [rows]: leading cache slots that are padding (states of different lengths
     batched together). `block` [n, n]: restriction among the new positions (offline block
-    masks); None lets a chunk read all of itself. None when nothing is masked.
+    masks); None lets a chunk read all of itself. `valid` [rows]: new positions of each
+    row that are real, the rest trailing padding (training batches of utterances of
+    different lengths); None: all. None when nothing is masked.
     """
-    if block is None and not bool(pad.any()):
+    if block is None and not bool(pad.any()) and valid is None:
         return None
     keys = torch.arange(past + n, device=pad.device)
-    mask = (keys[None, :] >= pad[:, None])[:, None, None, :].expand(-1, 1, n, -1)
+    read = keys[None, :] >= pad[:, None]
+    if valid is not None:
+        read = read & (keys[None, :] < past + valid[:, None])
+    mask = read[:, None, None, :].expand(-1, 1, n, -1)
     if block is not None:
         head = torch.ones(n, past, dtype=torch.bool, device=pad.device)
         mask = mask & torch.cat([head, block], dim=1)[None, None]

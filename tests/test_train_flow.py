@@ -1,0 +1,202 @@
+"""Training the flow of a voice of our own (voiceagent/train/flow_train.py, docs/training.md).
+
+The flow learns speech tokens -> mel by conditional flow matching through the same
+modules and masks inference runs. These tests use a synthetic work directory in the
+on-disk format of the feats and tokens stages: a few utterances whose mel is a fixed
+pattern per token, at the small test sizes.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from voiceagent.cli import main
+from voiceagent.model import checkpoint
+from voiceagent.model.cosyvoice2.flow_decoder import mish
+from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_cosyvoice2
+from voiceagent.train import flow_train
+from voiceagent.train.flow_train import Data, Params, make_batch
+
+SMALL = flow_train.flow_sizes(SIZES["small"])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def write_dataset(work: Path, train: int = 6, heldout: int = 2, seed: int = 0) -> Path:
+    """teacher/manifest.tsv, feats/<id>.npz (+ stage.json), tokens/tokens.npz (+ stage.json):
+    each token is a pair of mel frames drawn from one of 16 fixed patterns."""
+    rng = np.random.default_rng(seed)
+    patterns = rng.normal(-5.0, 2.0, (16, 160)).astype(np.float32)
+    for d in ("teacher", "feats", "tokens"):
+        (work / d).mkdir(parents=True, exist_ok=True)
+    rows, toks = ["id\tseconds\ttext\tsplit"], {}
+    for i in range(train + heldout):
+        uid, split = f"synth-{i:03d}", "train" if i < train else "heldout"
+        n = int(rng.integers(20, 45))
+        tok = rng.integers(0, 16, n)
+        mel = patterns[tok].reshape(2 * n, 80)
+        np.savez(work / "feats" / f"{uid}.npz", wav=np.zeros(960 * n, np.int16), mel=mel)
+        toks[uid] = tok.astype(np.int16)
+        rows.append(f"{uid}\t{n * 0.04:.3f}\tsentence {i}\t{split}")
+    (work / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
+    np.savez(work / "tokens" / "tokens.npz", **toks)  # type: ignore[arg-type]
+    for d in ("feats", "tokens"):
+        (work / d / "stage.json").write_text(json.dumps({"synthetic": True}))
+    return work
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("train"))
+
+
+def test_the_loss_falls_on_a_fixed_batch(work: Path) -> None:
+    data = Data(work, "train")
+    flow = flow_train.new_flow(SMALL)
+    p = Params(cfg_drop=0.0)
+    batch = make_batch(data, 0, p, flow_train.speaker_vector(work), flow.cfg, items=[0, 1, 2])
+    opt = torch.optim.Adam(flow.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(40):
+        loss = flow.training_loss(**batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    assert losses[-1] < 0.3 * losses[0], losses
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@torch.no_grad()
+def test_padding_in_a_batch_changes_no_utterance_s_loss(work: Path, streaming: bool) -> None:
+    """Utterances of different lengths batch together: trailing padding is masked in
+    every attention and the convolutions are causal, so each utterance's loss is the one
+    it has alone (the batch loss is their frame-weighted mean)."""
+    data = Data(work, "train")
+    flow = flow_train.new_flow(SMALL).eval()
+    speaker = flow_train.speaker_vector(work)
+    p = Params(cfg_drop=0.0, prompt_rate=1.0)
+    short, long = sorted(range(len(data)), key=lambda i: data.lengths[i])[::5][:2]
+    both = make_batch(data, 3, p, speaker, flow.cfg, items=[short, long])
+    both["streaming"] = streaming
+    assert both["lengths"][0] < both["lengths"][1]
+    frames = both["lengths"].double()
+    alone = []
+    for row in range(2):
+        n = int(both["lengths"][row])
+        one = {k: v[row : row + 1] if isinstance(v, torch.Tensor) else v for k, v in both.items()}
+        one["tokens"] = one["tokens"][:, : n + flow.cfg.pre_lookahead]
+        for k in ("mel", "cond", "noise"):
+            one[k] = one[k][:, :, : 2 * n]
+        alone.append(float(flow.training_loss(**one)))
+    expected = float((torch.tensor(alone, dtype=torch.float64) * frames).sum() / frames.sum())
+    assert float(flow.training_loss(**both)) == pytest.approx(expected, rel=1e-5)
+
+
+@torch.no_grad()
+def test_a_dropped_condition_hides_tokens_speaker_and_prompt(work: Path) -> None:
+    """CFG training: a dropped row sees neither its tokens, nor the speaker, nor the prompt
+    mel (inference guides against exactly such a row)."""
+    data = Data(work, "train")
+    flow = flow_train.new_flow(SMALL).eval()
+    batch = make_batch(
+        data, 0, Params(prompt_rate=1.0), flow_train.speaker_vector(work), flow.cfg, items=[0]
+    )
+    batch["keep"] = torch.tensor([False])
+    other = dict(batch)
+    other["tokens"] = torch.where(batch["tokens"] >= 0, (batch["tokens"] + 7) % 16, -1)
+    other["cond"] = batch["cond"] + 1.0
+    other["spk"] = -batch["spk"]
+    assert float(flow.training_loss(**other)) == pytest.approx(
+        float(flow.training_loss(**batch)), rel=1e-6
+    )
+    batch["keep"] = torch.tensor([True])
+    other["keep"] = torch.tensor([True])
+    assert float(flow.training_loss(**other)) != pytest.approx(float(flow.training_loss(**batch)))
+
+
+def test_training_resumes_from_its_checkpoint_as_if_never_stopped(
+    work: Path, tmp_path: Path
+) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        shutil.copytree(work, d)
+    first = flow_train.train(a, 60, sizes=SMALL, steps=3, say=lambda _: None)
+    assert first["step"] == 3 and (a / "flow" / "checkpoint.pt").is_file()
+    again = flow_train.train(a, 60, steps=2, say=lambda _: None)
+    assert again["step"] == 5 and again["steps"] == 2
+    straight = flow_train.train(b, 60, sizes=SMALL, steps=5, say=lambda _: None)
+    assert straight["step"] == 5
+    resumed, whole = flow_train.export_state(a), flow_train.export_state(b)
+    for key in whole:
+        torch.testing.assert_close(resumed[key], whole[key], rtol=0, atol=1e-6)
+    log = (a / "flow" / "log.tsv").read_text().splitlines()
+    assert log[0].split("\t")[:4] == ["step", "seconds", "split", "loss"]
+    assert [r.split("\t")[2] for r in log[1:]].count("heldout") == 3  # start, 2 ends
+    with pytest.raises(ValueError, match="sizes"):
+        flow_train.train(a, 60, sizes={**SMALL, "flow_dim": 32}, steps=1)
+
+
+def test_training_stops_at_its_budget(work: Path, tmp_path: Path) -> None:
+    shutil.copytree(work, tmp_path / "w")
+    summary = flow_train.train(tmp_path / "w", 1.0, sizes=SMALL, say=lambda _: None)
+    assert summary["steps"] >= 1
+    assert summary["wall_seconds"] < 10
+    assert summary["frames_per_s"] > 0
+
+
+def test_the_exported_flow_loads_with_the_project_loader_and_synthesizes(
+    work: Path, tmp_path: Path
+) -> None:
+    shutil.copytree(work, tmp_path / "w")
+    flow_train.train(tmp_path / "w", 60, sizes=SMALL, steps=2, say=lambda _: None)
+    model_dir = write_random_cosyvoice2(tmp_path / "model", "small")
+    torch.save(flow_train.export_state(tmp_path / "w"), model_dir / "flow.pt")
+    model = checkpoint.load(model_dir)
+    ours = flow_train.trained_flow(tmp_path / "w")
+    data = Data(tmp_path / "w", "heldout")
+    speaker = flow_train.speaker_vector(tmp_path / "w")
+    prompt = (data.tokens[1][:10], data.mels[1][:, :20])
+    loaded = flow_train.mel_l1(model.flow, data, [0], speaker, prompt)  # type: ignore[arg-type]
+    assert loaded == flow_train.mel_l1(ours, data, [0], speaker, prompt)
+    check = flow_train.evaluate(tmp_path / "w", n=2)
+    assert set(check) == {
+        f"{who}_{how}"
+        for who in ("trained", "random")
+        for how in ("no_prompt", "prompt", "streaming")
+    } | {"mean_frame"}
+    assert all(np.isfinite(v) and v > 0 for v in check.values())
+    voice = model.voices["agent"]
+    audio = model.synthesize_offline(data.tokens[0].tolist(), voice)
+    assert audio.size > 0 and np.isfinite(audio).all()
+
+
+def test_voiceagent_train_flow_trains_for_its_budget(work: Path, tmp_path: Path, capsys) -> None:
+    shutil.copytree(work, tmp_path / "w")
+    code = main(["train", "flow", "--out", str(tmp_path / "w"), "--budget-min", "0.02"])
+    assert code in (0, None)
+    assert (tmp_path / "w" / "flow" / "checkpoint.pt").is_file()
+    assert "'step':" in capsys.readouterr().out
+
+
+def test_the_estimator_s_mish_has_f_mish_values_and_gradient() -> None:
+    x = torch.linspace(-30, 30, 2001, dtype=torch.float64, requires_grad=True)
+    ours = mish(x)
+    (grad,) = torch.autograd.grad(ours.sum(), x)
+    y = x.detach().clone().requires_grad_(True)
+    ref = torch.nn.functional.mish(y)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), y)
+    assert torch.equal(ours.detach(), ref.detach())
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
