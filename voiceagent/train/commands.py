@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import corpus, feats, teacher, tokens
+from . import corpus, feats, teacher, tokens, vocoder_train
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -141,6 +141,19 @@ def _tokens(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _vocoder_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget-min", type=float, default=4.0, help="minutes of training this run")
+    p.add_argument("--check", type=int, default=2, help="held-out utterances to vocode after")
+
+
+def _vocoder(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("feats", feats.is_complete, work, args)) != 0:
+        return code
+    for line in vocoder_train.run(work, 60 * args.budget_min, args.check):
+        print(line, flush=True)
+    return 0
+
+
 STAGES = [
     Stage(
         "corpus",
@@ -165,6 +178,12 @@ STAGES = [
         "speech tokens of our own: k-means over mel-frame pairs, 25 per second",
         _tokens_flags,
         _tokens,
+    ),
+    Stage(
+        "vocoder",
+        "train the HiFT vocoder (mel -> 24 kHz) on the teacher's speech; resumes",
+        _vocoder_flags,
+        _vocoder,
     ),
 ]
 
