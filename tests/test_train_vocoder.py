@@ -180,11 +180,12 @@ def test_train_stops_at_its_budget_and_a_resumed_run_is_the_run_it_continued(
     tmp_path: Path,
 ) -> None:
     """3 steps + 2 resumed steps leave exactly the weights of 5 steps in one go: the
-    checkpoint holds model, optimizer and step, and batches depend on the step only."""
+    checkpoint holds model, optimizer and step, and batches depend on the step only
+    (and so does the source's F0: the teacher's for 4 steps here, then the predictor's)."""
     a, b = tmp_path / "a", tmp_path / "b"
     write_work(a)
     write_work(b)
-    kw = dict(sizes=SMALL, batch=2, segment=16, log_every=1)
+    kw = dict(sizes=SMALL, batch=2, segment=16, log_every=1, teacher_f0_steps=4)
     first = vt.train(a, 600, max_steps=3, **kw)
     assert first["step"] == 3 and first["steps"] == 3
     assert vt.load_checkpoint(a)["step"] == 3  # type: ignore[index]
