@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import corpus, feats, lm_train, teacher, tokens
+from . import corpus, feats, lm_train, teacher, tokens, vocoder_train
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -171,6 +171,22 @@ def _flow(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _vocoder_flags(p: argparse.ArgumentParser) -> None:
+    _training_flags(p)
+    p.add_argument("--check", type=int, default=2, help="held-out utterances to vocode after")
+
+
+def _vocoder(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("feats", feats.is_complete, work, args)) != 0:
+        return code
+    import torch
+
+    torch.set_num_threads(args.threads)
+    for line in vocoder_train.run(work, 60 * args.budget_min, args.check):
+        print(line, flush=True)
+    return 0
+
+
 STAGES = [
     Stage(
         "corpus",
@@ -207,6 +223,12 @@ STAGES = [
         "train the flow (tokens -> mel) by conditional flow matching; resumes",
         _training_flags,
         _flow,
+    ),
+    Stage(
+        "vocoder",
+        "train the HiFT vocoder (mel -> 24 kHz) on the teacher's speech; resumes",
+        _vocoder_flags,
+        _vocoder,
     ),
 ]
 

@@ -261,14 +261,31 @@ class HiFT(VocoderStage):
         state = {k: v.expand(mel.shape[0], *v.shape[1:]) for k, v in self.initial_state().items()}
         return self.forward_chunk(mel, state, final=True)[0]
 
+    def segment(self, mel: Tensor, f0: Tensor, start: Sequence[int]) -> Tensor:
+        """For training: audio [b, T * 480] of mel segments [b, in, T], each computed as a
+        window with no context (zero padding at both ends) whose first frame is frame
+        `start` of its turn (which picks the noise, as a streamed turn does). The source
+        is driven by `f0` [b, T] in Hz, not by the F0 predictor; no gradient flows into
+        `f0`. Every other weight gets gradients (call it outside inference mode)."""
+        pos = [self.context + s for s in start]
+        phase = mel.new_zeros(mel.shape[0], self.cfg.nb_harmonics + 1, dtype=torch.float64)
+        return self._synthesize(mel, pos, phase, 1, f0=f0.detach().double())[0]
+
     # -- one window ----------------------------------------------------------------------
 
     def _synthesize(
-        self, mel: Tensor, pos: list[int], phase: Tensor, m: int, trim: int = 0
+        self,
+        mel: Tensor,
+        pos: list[int],
+        phase: Tensor,
+        m: int,
+        trim: int = 0,
+        f0: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """Audio of every frame of a window [b, in, W] whose last frame is received frame
         pos + m - 1, and the phase at the anchor moved by m frames. `trim`: frames cut
-        from the front of the full window, all before the turn's first frame but one."""
+        from the front of the full window, all before the turn's first frame but one.
+        `f0`: the source's F0 [b, W] instead of the predictor's (training)."""
         cfg = self.cfg
         width = mel.shape[2]
         # Window frames before the turn's first frame ("virtual"), per session.
@@ -281,7 +298,8 @@ class HiFT(VocoderStage):
             t = torch.arange(width * rate + extra, device=mel.device)
             return (t[None, None, :] >= rate * vt[:, None, None]).to(mel.dtype)
 
-        f0 = self.f0_predictor(mel, mask(1))
+        if f0 is None:
+            f0 = self.f0_predictor(mel, mask(1))
         if max(virtual):
             f0 = f0 * (torch.arange(width, device=mel.device) >= vt[:, None])
         s, phase = self._source(f0, phase, pos, vt, m, trim)
