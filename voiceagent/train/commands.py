@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import corpus, feats, lm_train, teacher, tokens, vocoder_train
+from . import corpus, export, feats, flow_train, lm_train, teacher, tokens, vocoder_train
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -163,8 +163,6 @@ def _flow(work: Path, args: argparse.Namespace) -> int:
         return code
     import torch
 
-    from . import flow_train
-
     torch.set_num_threads(args.threads)
     summary = flow_train.train(work, 60 * args.budget_min)
     print(f"flow: {summary}")
@@ -182,8 +180,54 @@ def _vocoder(work: Path, args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    for line in vocoder_train.run(work, 60 * args.budget_min, args.check):
+    for line in vocoder_train.run(work, 60 * args.budget_min, getattr(args, "check", 2)):
         print(line, flush=True)
+    return 0
+
+
+def _export_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--to",
+        type=Path,
+        default=export.SHIPPED,
+        help="the model directory to write (default: the one shipped with voiceagent, "
+        "which `serve` speaks with when given no --model)",
+    )
+
+
+def _export(work: Path, args: argparse.Namespace) -> int:
+    missing = [
+        name
+        for name, path in (
+            ("lm", lm_train.checkpoint_path(work)),
+            ("flow", flow_train.flow_dir(work) / flow_train.CHECKPOINT),
+            ("vocoder", vocoder_train.vocoder_dir(work) / "checkpoint.pt"),
+        )
+        if not path.is_file()
+    ]
+    if missing:
+        print(
+            f"error: no checkpoint of {', '.join(missing)} yet (voiceagent train ...)",
+            file=sys.stderr,
+        )
+        return 2
+    out = export.write(work, getattr(args, "to", export.SHIPPED))
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"export: {out} ({size / 1e6:.1f} MB), voice {export.NAME!r}")
+    return 0
+
+
+def _all_flags(p: argparse.ArgumentParser) -> None:
+    for add in (_corpus_flags, _teacher_flags, _tokens_flags, _vocoder_flags, _export_flags):
+        add(p)
+
+
+def _all(work: Path, args: argparse.Namespace) -> int:
+    """Every stage in order; a complete one skips itself, a training stage trains
+    --budget-min more minutes from its checkpoint."""
+    for stage in STAGES:
+        if stage.name != "all" and (code := _timed(stage, work, args)) != 0:
+            return code
     return 0
 
 
@@ -229,6 +273,18 @@ STAGES = [
         "train the HiFT vocoder (mel -> 24 kHz) on the teacher's speech; resumes",
         _vocoder_flags,
         _vocoder,
+    ),
+    Stage(
+        "export",
+        "write the trained voice as a model directory (the released CosyVoice2 layout)",
+        _export_flags,
+        _export,
+    ),
+    Stage(
+        "all",
+        "every stage in order, each skipped when done; training stages train --budget-min",
+        _all_flags,
+        _all,
     ),
 ]
 

@@ -1,0 +1,95 @@
+"""`voiceagent train export`: the three trained parts become one model directory in the
+released CosyVoice2 layout, which the project's loader reads as a voice that is not
+random, small enough to ship. The parts here are trained for a few seconds on a few
+synthetic utterances (what they say does not matter: only the plumbing is tested)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from voiceagent.audio.features import prompt_mel
+from voiceagent.model.checkpoint import load
+from voiceagent.text.normalize import normalize
+from voiceagent.train import export, feats, flow_train, lm_train, vocoder_train
+
+TEXTS = [
+    ("train", "Thanks for calling, how can I help?"),
+    ("train", "Your order shipped this morning."),
+    ("train", "Please hold while I check."),
+    ("heldout", "Have a nice day."),
+]
+
+
+def write_work(work: Path) -> Path:
+    """teacher/manifest.tsv, feats and tokens as the stages write them: three tokens per
+    character, two mel frames per token, a tone whose pitch follows the tokens."""
+    for d in ("teacher", "feats", "tokens"):
+        (work / d).mkdir(parents=True)
+    rows, tokens = ["id\tseconds\ttext\tsplit"], {}
+    for i, (split, text) in enumerate(TEXTS):
+        tok = np.array([ord(c) % 40 + k for c in normalize(text, "auto") for k in (0, 40, 80)])
+        f0 = np.repeat(100 + tok % 40, 2 * 480).astype(np.float64)
+        wav = (0.2 * np.sin(2 * np.pi * np.cumsum(f0) / 24000)).astype(np.float32)
+        feats.save(work / "feats" / f"u{i}.npz", wav, prompt_mel(wav))
+        tokens[f"u{i}"] = tok.astype(np.int16)
+        rows.append(f"u{i}\t{len(wav) / 24000:.3f}\t{text}\t{split}")
+    (work / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
+    np.savez(work / "tokens" / "tokens.npz", **tokens)  # type: ignore[arg-type]
+    for d in ("feats", "tokens"):
+        (work / d / "stage.json").write_text(json.dumps({"synthetic": True}))
+    return work
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    before = torch.get_num_threads()
+    work = write_work(tmp_path_factory.mktemp("train") / "w")
+    lm_train.train(work, 8, threads=1, merges=20, say=lambda *_: None)
+    flow_train.train(work, 8, steps=2, say=lambda *_: None)
+    vocoder_train.train(work, 8, log_every=1)
+    torch.set_num_threads(before)
+    return work
+
+
+def test_the_export_is_a_released_layout_directory_the_loader_reads_as_trained(
+    trained: Path, tmp_path: Path
+) -> None:
+    out = export.write(trained, tmp_path / "voice")
+    names = {p.name for p in out.iterdir()}
+    assert {"cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt"} <= names
+    assert "CosyVoice-BlankEN" in names and "RANDOM_WEIGHTS" not in names
+    assert json.loads((out / "TRAINED").read_text())["voice"] == export.NAME
+    model = load(out)
+    assert not model.random_weights and set(model.voices) == {export.NAME}
+    # the weights are the trained ones (stored in float16)
+    flow = flow_train.export_state(trained)
+    key = next(k for k, v in flow.items() if v.is_floating_point() and v.dim() == 2)
+    loaded = dict(model.flow.state_dict())[key]
+    assert torch.equal(loaded, flow[key].half().float())
+    pcm = model.synthesize_offline(list(range(20)), model.voices[export.NAME])
+    assert len(pcm) > 0 and np.isfinite(pcm).all()
+    # small enough to live with the project
+    assert sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) < 50e6
+
+
+def test_a_second_export_replaces_the_first_whole(trained: Path, tmp_path: Path) -> None:
+    out = export.write(trained, tmp_path / "voice")
+    (out / "stray").write_text("left from an older export")
+    export.write(trained, tmp_path / "voice")
+    assert not (out / "stray").exists() and not (tmp_path / "voice.tmp").exists()
+
+
+def test_voiceagent_train_export_writes_where_it_is_told(trained: Path, tmp_path: Path, capsys):
+    from voiceagent.cli import main
+
+    assert main(["train", "export", "--out", str(trained), "--to", str(tmp_path / "v")]) == 0
+    assert "export: " in capsys.readouterr().out and (tmp_path / "v" / "llm.pt").is_file()
+    empty = tmp_path / "nothing"
+    empty.mkdir()
+    assert main(["train", "export", "--out", str(empty), "--to", str(tmp_path / "x")]) == 2
+    assert "no checkpoint of lm, flow, vocoder" in capsys.readouterr().err

