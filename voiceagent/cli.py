@@ -275,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
             "tenants",
             "isolation",
             "openai",
+            "intelligibility",
         ],
         default="ws",
         help="ws: sessions over WebSocket; webrtc: real-time sessions and barge-in latency "
@@ -285,7 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
         "optimized; soak: server memory, fds, threads and tasks over many sessions; tenants: "
         "one tenant's TTFA while another floods up to its quotas; isolation: invariant vs "
         "batched acoustic, cost and bit differences; openai: POST /v1/audio/speech, time to "
-        "the first byte vs to the whole file, per format",
+        "the first byte vs to the whole file, per format; intelligibility: pocketsphinx WER of "
+        "the held-out sentences spoken by the server next to the teacher's, with TTFA and RTF",
     )
     s.add_argument("--model")
     s.add_argument(
@@ -299,7 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     s.add_argument("--lead-ms", type=int, default=200, help="pacing lead, as in serve")
-    s.add_argument("--max-speech-s", type=float, help="as in serve (ws: 60, webrtc, telephony: 3)")
+    s.add_argument(
+        "--max-speech-s",
+        type=float,
+        help="as in serve (ws: 60, webrtc, telephony: 3, intelligibility: 15)",
+    )
     s.add_argument("--sglang-url", help="ws scenario: also measure with this SGLang server")
     s.add_argument("--sglang-export", help="the export-sglang directory it serves")
     s.add_argument(
@@ -317,6 +323,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--webrtc-sessions", type=int, default=1, help="soak: WebRTC peers in the mixed load"
     )
     s.add_argument("--out", help="soak: folder for samples.csv, soak.png, summary.json")
+    s.add_argument(
+        "--sentences",
+        type=int,
+        default=100,
+        help="intelligibility: the first N held-out sentences to speak",
+    )
+    s.add_argument(
+        "--work",
+        help="intelligibility: the training work directory, as `train --out` "
+        "(default: ~/.cache/voiceagent/train)",
+    )
     s.add_argument("--device", default="auto")
     s.set_defaults(func=_bench)
 

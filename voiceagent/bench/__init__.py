@@ -11,6 +11,7 @@ first_packet.py --scenario first-packet: TTFA cut into slices, baseline vs optim
 tenants.py  --scenario tenants: one tenant's TTFA while another floods up to its quotas
 isolation.py --scenario isolation: invariant vs batched acoustic, cost and bit differences
 speech_api.py --scenario openai: POST /v1/audio/speech, first byte vs whole file
+intelligibility.py --scenario intelligibility: held-out sentences' WER, ours vs the teacher
 clients.py  WebSocket client, aiortc peer, paced microphone track
 clips.py    speech to send: espeak-ng, a synthetic vowel
 """
@@ -102,6 +103,24 @@ def run_bench(args: argparse.Namespace) -> int:
 
         report = speech_api.measure(load_model(args.model, args.device), turns=args.turns)
         text = speech_api.table(report)
+    elif args.scenario == "intelligibility":
+        from ..train.commands import DEFAULT_WORK
+        from . import intelligibility
+
+        work = Path(args.work) if args.work else DEFAULT_WORK
+        try:
+            intelligibility.heldout(work, args.sentences)  # before loading a model
+            intelligibility.check_recognizer()
+            report = intelligibility.measure(
+                load_model(args.model, args.device),
+                work,
+                sentences=args.sentences,
+                max_speech_s=args.max_speech_s or intelligibility.MAX_SPEECH_S,
+            )
+        except intelligibility.BenchError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        text = intelligibility.table(report)
     elif args.scenario == "webrtc":
         from . import webrtc
 
