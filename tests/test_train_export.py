@@ -93,3 +93,20 @@ def test_voiceagent_train_export_writes_where_it_is_told(trained: Path, tmp_path
     empty.mkdir()
     assert main(["train", "export", "--out", str(empty), "--to", str(tmp_path / "x")]) == 2
     assert "no checkpoint of lm, flow, vocoder" in capsys.readouterr().err
+
+
+def test_serve_without_a_model_speaks_with_the_shipped_voice_when_there_is_one(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
+    """No --model: the exported voice where this copy ships one, said in the log; else
+    (and with `--model tiny`) the tiny random model."""
+    from voiceagent.model import checkpoint
+
+    monkeypatch.setattr(checkpoint, "SHIPPED_VOICE", tmp_path / "voice-en")
+    assert checkpoint.load_model(None, "cpu").random_weights  # nothing shipped: tiny
+    export.write(trained, tmp_path / "voice-en")
+    with caplog.at_level("INFO", logger="voiceagent"):
+        model = checkpoint.load_model(None, "cpu")
+    assert not model.random_weights and export.NAME in model.voices
+    assert "voiceagent's own voice" in caplog.text
+    assert checkpoint.load_model("tiny", "cpu").random_weights

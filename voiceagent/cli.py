@@ -245,7 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_config)
 
     s = sub.add_parser("export-sglang", help="write the LM as a Qwen2 checkpoint for SGLang")
-    s.add_argument("--model", help="model directory (default: the tiny model)")
+    s.add_argument(
+        "--model",
+        help="model directory, or `tiny` for the random test model (default: voiceagent's "
+        "own voice where this copy ships one, else the tiny model)",
+    )
     s.add_argument("--out", required=True, help="directory to write")
     s.set_defaults(func=_export_sglang)
 

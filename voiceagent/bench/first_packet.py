@@ -22,6 +22,9 @@ The slices add up to the TTFA of each turn. Two modes run in one process, turns
 interleaved: `baseline` (exact hold-back, no LM prefix cache, float32) and `optimized`
 (see `Mode`). Also measured apart: the LM prefill of the same prompt with and without
 the voice's prefix cached, and the flow's attention-cache bytes per token of a turn.
+
+Over 500 lines: the bench, its slices, its fidelity measures and its table, which share
+the modes and are read together.
 """
 
 from __future__ import annotations

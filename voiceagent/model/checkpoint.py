@@ -1,5 +1,6 @@
 """Any model directory -> a SpeechModel: a released CosyVoice2 layout (cosyvoice2/) or the
-tiny layout (tiny/); with no directory, the tiny model, written once to the cache."""
+tiny layout (tiny/); with no directory, voiceagent's own voice where this copy ships one
+(`voiceagent train export`), else the tiny random model, written once to the cache."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from .tiny.checkpoint import ensure_tiny, load_tiny
 from .weights import CheckpointError
 
 __all__ = ["CheckpointError", "SpeechModel", "load", "load_model"]
+
+# voiceagent's own English voice, when shipped: a TRAINED file marks a complete export
+SHIPPED_VOICE = Path(__file__).resolve().parents[1] / "data" / "voice-en"
 
 # load_model's lines were the command line's and keep its logger name ("voiceagent: model
 # 'tiny' on cpu", as docs/operations.md shows them)
@@ -31,14 +35,28 @@ def load(directory: Path, device: str = "cpu") -> SpeechModel:
     return load_tiny(directory, device)
 
 
+def default_model_dir() -> Path:
+    """Our own voice where this copy ships one, else the tiny random model."""
+    if (SHIPPED_VOICE / "TRAINED").is_file():
+        return SHIPPED_VOICE
+    return ensure_tiny()
+
+
 def load_model(path: str | None, device: str = "auto") -> SpeechModel:
-    """The model directory at `path` (None: the tiny model, written once) on `device`
-    ("auto": cuda if present); a random-weight model says so in the log."""
+    """The model directory at `path` on `device` ("auto": cuda if present); None: the
+    default (`default_model_dir`), "tiny": the tiny random model (written once). A
+    random-weight model says so in the log."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    directory = ensure_tiny() if path is None else Path(path)
+    if path is None:
+        directory = default_model_dir()
+    else:
+        directory = ensure_tiny() if path == "tiny" else Path(path)
     model = load(directory, device=device)
-    cli_log.info("model '%s' on %s", model.name, device)
+    own = " (voiceagent's own voice, trained offline: docs/training.md)"
+    cli_log.info(
+        "model '%s' on %s%s", model.name, device, own if directory == SHIPPED_VOICE else ""
+    )
     if model.warning:
         cli_log.warning("%s", model.warning)
     return model

@@ -19,10 +19,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..model.checkpoint import SHIPPED_VOICE
 from . import sizes
 
 NAME = "en-joe"  # the one voice: English, taught by the Piper "joe" voice
-SHIPPED = Path(__file__).resolve().parents[1] / "data" / "voice-en"
+SHIPPED = SHIPPED_VOICE
 
 
 def _half(state: dict[str, Tensor]) -> dict[str, Tensor]:

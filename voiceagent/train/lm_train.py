@@ -29,6 +29,9 @@ written to a temporary file and renamed), log.tsv (one row per `log_every` steps
 each checkpoint the cross-entropy per speech target on 100 train and all held-out
 utterances, and `text_gain`: how much worse held-out speech is predicted after another
 sentence's text, a measure of how much the LM has learned to read its text).
+
+Over 500 lines: the whole LM stage (tokenizer, examples, batches, the training forward,
+the loop, checkpoints, evaluation) in the order it runs.
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ id), checkpoint.pt (model + optimizer + step + seconds, replaced atomically ever
 `CHECKPOINT_EVERY_S` and at the end of a run), log.tsv (losses every `LOG_EVERY` steps).
 `train` resumes from the checkpoint; `export_state` gives hift.pt's state dict in the
 released key layout (weight-normed convolutions as g/v pairs).
+
+Over 500 lines: the whole vocoder stage (pitch tracker, losses, segments, the loop,
+checkpoints, the held-out check) in the order it runs.
 """
 
 from __future__ import annotations

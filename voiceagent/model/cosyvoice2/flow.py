@@ -63,6 +63,9 @@ State layout and batching:
   keys are masked out. (A fixed-capacity buffer was rejected: ~4.6 MB of estimator K/V per
   frame at full size makes a worst-case capacity unaffordable, and writing into a shared
   buffer would break reuse of a primed voice state by several turns.)
+
+Over 500 lines: one module holds the flow's whole streaming contract (priming, chunks,
+the grid, the window, batching) and its training loss, which share private passes.
 """
 
 from __future__ import annotations
