@@ -57,7 +57,7 @@ from torch import Tensor
 from ..model.contract import EOS_TOKEN, FlowStage, VocoderStage, Voice
 from ..model.cosyvoice2.lm_config import read_lm_setup
 from ..model.cosyvoice2.loader import EMBED, HEAD, QWEN_DIR
-from ..model.cosyvoice2.random_checkpoint import _byte_unicode, qwen_config, yaml_text
+from ..model.cosyvoice2.random_checkpoint import qwen_config, write_bpe_files, yaml_text
 from ..model.cosyvoice2.text_tokenizer import COSYVOICE2_SPECIALS, QwenTextTokenizer
 from ..model.cosyvoice2.yaml_config import read_yaml
 from ..model.lm import SOS_ROW, TASK_ROW, DecoderLayer, LMConfig, SpeechLM, _rotate_half
@@ -99,7 +99,7 @@ def _pieces(texts: Sequence[str], language: str) -> Counter[str]:
     """Pre-tokenized pieces of `texts` (Qwen2's split, then bytes as characters), counted:
     the units BPE merges work within, split by the serving tokenizer itself."""
     with tempfile.TemporaryDirectory() as tmp:
-        _write_files(Path(tmp), [])
+        write_bpe_files(Path(tmp), [])
         tok = QwenTextTokenizer(Path(tmp))._tok
     counts: Counter[str] = Counter()
     for text in texts:
@@ -144,31 +144,6 @@ def learn_merges(
     return learned
 
 
-def _write_files(directory: Path, pairs: Sequence[tuple[str, str]]) -> int:
-    """vocab.json, merges.txt and tokenizer_config.json in the layout of
-    `random_checkpoint.write_text_tokenizer` (256 bytes, then one token per merge, then
-    Qwen2's three specials); returns the size without specials."""
-    directory.mkdir(parents=True, exist_ok=True)
-    chars = _byte_unicode()
-    vocab = {chars[b]: b for b in range(256)}
-    for a, b in pairs:
-        vocab.setdefault(a + b, len(vocab))
-    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    (directory / "merges.txt").write_text(
-        "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in pairs), encoding="utf-8"
-    )
-    n = len(vocab)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    config = {
-        "added_tokens_decoder": {
-            str(n + i): {"content": t, "special": True} for i, t in enumerate(specials)
-        },
-        "eos_token": "<|endoftext|>",
-    }
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
-    return n
-
-
 def write_tokenizer(
     directory: Path,
     texts: Sequence[str],
@@ -178,7 +153,7 @@ def write_tokenizer(
 ) -> QwenTextTokenizer:
     """`CosyVoice-BlankEN/`: the BPE learned from `texts` and the Qwen2 config with the
     backbone `sizes`; returns the tokenizer as the loader reads it."""
-    n = _write_files(directory, learn_merges(texts, merges, language=language))
+    n = write_bpe_files(directory, learn_merges(texts, merges, language=language))
     vocab = sizes["text_vocab"] or n + len(COSYVOICE2_SPECIALS)
     config = qwen_config(sizes, vocab)
     (directory / "config.json").write_text(json.dumps(config, indent=2))

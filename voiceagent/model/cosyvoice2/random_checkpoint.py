@@ -8,6 +8,7 @@ released CosyVoice2 directory, so the real loader is what reads it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -28,16 +29,21 @@ def _byte_unicode() -> dict[int, str]:
 def write_text_tokenizer(directory: Path, merges: int = 64) -> int:
     """A small byte-level BPE vocabulary in Qwen2's file format; returns its size
     (without special tokens)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    chars = _byte_unicode()
-    vocab = {chars[b]: i for i, b in enumerate(range(256))}
-    pairs: list[tuple[str, str]] = []
     # Merge common English letter pairs so the BPE path is exercised.
     common = "th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng"
-    for pair in common.split()[:merges]:
-        pairs.append((pair[0], pair[1]))
-        vocab.setdefault(pair, len(vocab))
-    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    return write_bpe_files(directory, [(p[0], p[1]) for p in common.split()[:merges]])
+
+
+def write_bpe_files(directory: Path, pairs: Sequence[tuple[str, str]]) -> int:
+    """vocab.json (the 256 bytes, then one token per merge), merges.txt and
+    tokenizer_config.json (Qwen2's three specials after them); returns the size
+    without specials."""
+    directory.mkdir(parents=True, exist_ok=True)
+    chars = _byte_unicode()
+    vocab = {chars[b]: b for b in range(256)}
+    for a, b in pairs:
+        vocab.setdefault(a + b, len(vocab))
+    (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (directory / "merges.txt").write_text(
         "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in pairs), encoding="utf-8"
     )
