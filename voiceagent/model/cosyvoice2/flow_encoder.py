@@ -25,7 +25,8 @@ from ..contract import State
 
 class Cache:
     """The streaming state seen by one pass. `st=None` is an offline pass: no past, no
-    writes. Writes replace dict entries with new tensors; no tensor is changed in place, so
+    writes. Writes replace dict entries with new tensors, and what a state's tensors hold
+    never changes (keys/values grow into buffer room no tensor covers yet, `append`), so
     a caller's state stays valid (a primed voice state can be reused by many turns)."""
 
     def __init__(self, st: State | None, reserve: int | None = None) -> None:
