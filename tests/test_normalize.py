@@ -1,8 +1,14 @@
 """Numbers and symbols become words before the LM sees them."""
 
+import ast
+import re
+from pathlib import Path
+
 import pytest
 
+from voiceagent.text import english
 from voiceagent.text.normalize import chinese_number, english_number, english_ordinal, normalize
+from voiceagent.train import corpus, spoken
 
 
 @pytest.mark.parametrize(
@@ -85,3 +91,163 @@ def test_chinese_text_is_detected_and_spelled_out():
 
 def test_other_languages_are_left_alone():
     assert normalize("Es kostet 5 Euro.", "de") == "Es kostet 5 Euro."
+
+
+# -- English as a call-center agent reads it (voiceagent/text/english.py) ----------------
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # years after a month and day, a month, or "in"/"since"/"by"...
+        (
+            "My date of birth is July 13th, 1955.",
+            "My date of birth is July thirteenth, nineteen fifty-five.",
+        ),
+        ("It started on March 3, 2024.", "It started on March third, twenty twenty-four."),
+        ("Your card expires in May 2027.", "Your card expires in May twenty twenty-seven."),
+        (
+            "He moved here in 1990 and has worked with us since 2019.",
+            "He moved here in nineteen ninety and has worked with us since twenty nineteen.",
+        ),
+        (
+            "The policy started on 12/05/2008.",
+            "The policy started on December fifth, two thousand eight.",
+        ),
+        ("Rates rose from 2019 to 2021.", "Rates rose from twenty nineteen to twenty twenty-one."),
+        ("Music of the 1990s and the '80s.", "Music of the nineteen nineties and the eighties."),
+        # codes: a run of five or more digits, or digits with a leading zero, digit by digit
+        (
+            "The verification code we sent you is 880270.",
+            "The verification code we sent you is eight eight zero two seven zero.",
+        ),
+        ("My zip code is 02134.", "My zip code is zero two one three four."),
+        ("Your agent number is 007.", "Your agent number is zero zero seven."),
+        # after "ends in", "extension", "PIN", "code", four digits are digits too
+        ("The one that ends in 2996.", "The one that ends in two nine nine six."),
+        (
+            "Call extension 1234 or ext. 567.",
+            "Call extension one two three four or extension five six seven.",
+        ),
+        ("The offer ends in 2025.", "The offer ends in twenty twenty-five."),
+        # letters and digits mixed, and capitals that are not a word, letter by letter
+        ("Your booking reference is 6W7EKQ.", "Your booking reference is six W seven E K Q."),
+        ("Your confirmation code is FVGMJ.", "Your confirmation code is F V G M J."),
+        ("The tracking number ends in 4VCF.", "The tracking number ends in four V C F."),
+        ("The IRS sent two PDFs.", "The I R S sent two P D Fs."),
+        # phone numbers in the groups they are read in
+        (
+            "Is (332) 555-0163 still the best number for you?",
+            "Is three three two, five five five, zero one six three still the best number for you?",
+        ),
+        (
+            "Call 332-555-0163 or 332.555.0163.",
+            "Call three three two, five five five, zero one six three"
+            " or three three two, five five five, zero one six three.",
+        ),
+        ("Call +1 332 555 0163.", "Call one three three two, five five five, zero one six three."),
+        (
+            "Our toll free number is 1-800-555-0105.",
+            "Our toll free number is one eight hundred, five five five, zero one zero five.",
+        ),
+        ("Dial 555-0163, or 911.", "Dial five five five, zero one six three, or nine one one."),
+        # clock times with A M / P M
+        ("Your appointment is at 9:08 PM.", "Your appointment is at nine oh eight P M."),
+        ("We open at 9:00 AM and close at 6 p.m.", "We open at nine A M and close at six P M."),
+        ("Call back after 10am.", "Call back after ten A M."),
+        # titles, and street abbreviations in an address
+        ("Mrs. Stewart will call you back.", "Missus Stewart will call you back."),
+        (
+            "Mr. Lee, Ms. Rivera and Dr. Patel are here.",
+            "Mister Lee, Miz Rivera and Doctor Patel are here.",
+        ),
+        (
+            "We moved to 5577 Church Dr., Savannah.",
+            "We moved to fifty-five seventy-seven Church Drive, Savannah.",
+        ),
+        (
+            "Please ship it to 403 River Blvd. in Portland.",
+            "Please ship it to four oh three River Boulevard in Portland.",
+        ),
+        (
+            "The closest store is on 232 Washington Ave.",
+            "The closest store is on two thirty-two Washington Avenue.",
+        ),
+        ("Visit St. Louis.", "Visit Saint Louis."),
+        # house and unit numbers with a letter
+        ("I live at 58 Elm Lane, Unit 21B.", "I live at fifty-eight Elm Lane, Unit twenty-one B."),
+        ("Your seat is 12A, near gate B7.", "Your seat is twelve A, near gate B seven."),
+    ],
+)
+def test_english_is_read_the_way_an_agent_says_it(written, said):
+    assert normalize(written, "en") == said
+    assert normalize(written, "auto") == said
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ("I have 3 cats.", "I have three cats."),
+        (
+            "Pay $1,250.50 today.",
+            "Pay one thousand two hundred fifty dollars and fifty cents today.",
+        ),
+        ("It's 25% off.", "It's twenty-five percent off."),
+        ("Go to the 3rd floor.", "Go to the third floor."),
+        ("We expect 1,000 people.", "We expect one thousand people."),
+        ("You have 2024 reward points.", "You have two thousand twenty-four reward points."),
+        ("We have stores in 1500 cities.", "We have stores in one thousand five hundred cities."),
+        ("It took 10000 steps.", "It took ten thousand steps."),
+        ("Room 305, gate 12.", "Room three hundred five, gate twelve."),
+        ("Please do NOT share your PIN with NASA.", "Please do NOT share your PIN with NASA."),
+        ("CALL NOW FOR A FREE QUOTE.", "CALL NOW FOR A FREE QUOTE."),
+        ("World War II and Henry VIII.", "World War II and Henry VIII."),
+        ("He said OK and I am fine.", "He said OK and I am fine."),
+        ("Half is 1/2, pages 100-120.", "Half is one/two, pages one hundred-one hundred twenty."),
+    ],
+)
+def test_ordinary_numbers_and_words_keep_their_readings(written, said):
+    assert normalize(written, "en") == said
+
+
+def test_a_spoken_form_is_left_as_it_is():
+    """The LM's training reads the corpus's spoken forms through normalize again."""
+    for said in (
+        "six W seven E K Q, nine oh eight P M, Missus Stewart",
+        "three three two, five five five, zero one six three",
+    ):
+        assert normalize(said, "en") == said
+
+
+def test_other_languages_keep_their_normalization():
+    assert normalize("Mr. Smith, (332) 555-0163, 12/05/1990, FVGMJ.", "de") == (
+        "Mr. Smith, (332) 555-0163, 12/05/1990, FVGMJ."
+    )
+    assert normalize("共12人，1990年", "zh") == "共十二人，一千九百九十年"
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words, punctuation ignored ('twenty-one' is two words)."""
+    return re.sub(r"[^a-z' ]", " ", text.lower()).split()
+
+
+def test_the_server_reads_the_training_corpus_as_the_teacher_says_it():
+    """The server's reading of each corpus sentence's written form is its spoken form (what
+    the teacher voice says and the LM learned), in at least 95 % of sentences."""
+    train, heldout = corpus.build(corpus.Params())
+    for sentences in (train, heldout):
+        agree = sum(_words(normalize(s.written, "auto")) == _words(s.text) for s in sentences)
+        assert agree / len(sentences) >= 0.95
+
+
+def test_the_reading_rules_are_one_implementation_for_server_and_corpus():
+    """voiceagent/text never imports voiceagent/train; the corpus's spoken forms come from
+    voiceagent/text/english.py."""
+    text_dir = Path(english.__file__).parent
+    for path in text_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = "." * node.level + (node.module or "")
+                assert "train" not in module.split("."), f"{path.name} imports {module}"
+    for name in ("digits", "spell", "year", "house_number"):
+        assert getattr(spoken, name) is getattr(english, name)

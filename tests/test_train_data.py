@@ -97,6 +97,11 @@ def test_the_size_follows_hours() -> None:
         (spoken.clock(2, 30, "PM")[1], "two thirty P M"),
         (spoken.clock(9, 0, "AM")[1], "nine A M"),
         (spoken.phone("415", "555", "0142")[1], "four one five, five five five, zero one four two"),
+        (spoken.phone("800", "555", "0105", country="1")[0], "1-800-555-0105"),
+        (
+            spoken.phone("800", "555", "0105", country="1")[1],
+            "one eight hundred, five five five, zero one zero five",
+        ),
         (spoken.money(4899)[1], "forty-eight dollars and ninety-nine cents"),
     ],
 )

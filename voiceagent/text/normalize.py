@@ -1,7 +1,12 @@
 """Spell out numbers and symbols so the LM reads words, not digits.
 
-English: cardinals, decimals, ordinals (1st, 22nd), percentages, currency ($, €, £),
-clock times (9:40) and a few symbols (&, %, +, =). Chinese: the same quantities as
+English, the way a call-center agent reads it (docs/protocol.md, "English readings"):
+cardinals, decimals, ordinals (1st, 22nd), percentages, currency ($, €, £), clock times
+(9:40, 9:08 PM), US phone numbers in their groups, years in date contexts (July 13th,
+1955; since 2019), codes digit by digit or letter by letter (880270, 6W7EKQ, FVGMJ),
+house and unit numbers (1420 Oak Dr., Unit 21B), titles (Mrs. Stewart) and a few
+symbols (&, +, =, @). The readings are voiceagent/text/english.py's, which the training
+corpus uses too; this module finds where each applies. Chinese: the same quantities as
 Chinese numerals (一百二十三, 三点一四, 百分之五十). Text with any CJK character is
 treated as Chinese unless a language is given.
 """
@@ -10,24 +15,12 @@ from __future__ import annotations
 
 import re
 
-# fmt: off
-_ONES = (
-    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen",
-    "nineteen",
-)
-_TENS = ("_", "_", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
-# fmt: on
-_SCALES = [(10**12, "trillion"), (10**9, "billion"), (10**6, "million"), (1000, "thousand")]
-_ORDINAL_WORDS = {
-    "one": "first",
-    "two": "second",
-    "three": "third",
-    "five": "fifth",
-    "eight": "eighth",
-    "nine": "ninth",
-    "twelve": "twelfth",
-}
+from . import english as en
+from .english import number as english_number
+from .english import ordinal as english_ordinal
+
+__all__ = ["chinese_number", "english_number", "english_ordinal", "normalize", "normalize_english"]
+
 _CURRENCY = {
     "$": ("dollar", "dollars", "cent", "cents"),
     "€": ("euro", "euros", "cent", "cents"),
@@ -37,86 +30,228 @@ _EN_SYMBOLS = {"&": " and ", "+": " plus ", "=": " equals ", "@": " at "}
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
+# -- English: the patterns, in the order normalize_english applies them ------------------
 
-def english_number(n: int) -> str:
-    if n < 0:
-        return "minus " + english_number(-n)
-    if n < 20:
-        return _ONES[n]
-    if n < 100:
-        tens, rest = divmod(n, 10)
-        return _TENS[tens] + ("-" + _ONES[rest] if rest else "")
-    if n < 1000:
-        hundreds, rest = divmod(n, 100)
-        return _ONES[hundreds] + " hundred" + (" " + english_number(rest) if rest else "")
-    for value, name in _SCALES:
-        if n >= value:
-            head, rest = divmod(n, value)
-            return english_number(head) + " " + name + (" " + english_number(rest) if rest else "")
-    raise AssertionError("unreachable")
+_MONTH = rf"(?:{'|'.join(en.MONTHS)}|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.)"
+_MONTHS = {m[:3]: m for m in en.MONTHS}
+_MONTH_SHORT = re.compile(r"\b(Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Oct|Nov|Dec)t?\.")
+_STREET_TYPES = {
+    "Street": "Street", "St": "Street", "Avenue": "Avenue", "Ave": "Avenue",
+    "Road": "Road", "Rd": "Road", "Drive": "Drive", "Dr": "Drive", "Lane": "Lane",
+    "Ln": "Lane", "Boulevard": "Boulevard", "Blvd": "Boulevard", "Court": "Court",
+    "Ct": "Court", "Way": "Way", "Place": "Place", "Pl": "Place", "Parkway": "Parkway",
+    "Pkwy": "Parkway", "Circle": "Circle", "Cir": "Circle", "Terrace": "Terrace",
+    "Highway": "Highway", "Hwy": "Highway", "Trail": "Trail", "Square": "Square",
+}  # fmt: skip
+_STREET_TYPE = "|".join(sorted(_STREET_TYPES, key=len, reverse=True))
+# a house number, one to three words of a street name (W, North, Oak, 5th), a street type
+_ADDRESS = re.compile(
+    rf"(?<![\w.,$#-])(\d{{1,5}})((?:\s+(?:[NSEW]\.?|[A-Z][a-z]+|\d+(?:st|nd|rd|th))){{1,3}}?)"
+    rf"\s+({_STREET_TYPE})\b(\.)?"
+)
+_TITLE = re.compile(r"\b(Mrs|Mr|Ms|Dr|St)\b(\.)?(?=(\s+[A-Z])?)")
+# US numbers: (332) 555-0163, 332-555-0163, 332.555.0163, 332 555 0163, +1 ..., 1-800-...
+_PHONE = re.compile(
+    r"(?<![\w+$.,-])(?:(\+?1)[\s.-]?)?(?:\(([2-9]\d\d)\)\s?|([2-9]\d\d)[\s.-])([2-9]\d\d)[\s.-](\d{4})"
+    r"(?![\w-]|[.,]\d)"
+)
+_PHONE_E164 = re.compile(r"(?<![\w+])\+1([2-9]\d\d)([2-9]\d\d)(\d{4})\b")
+_PHONE_LOCAL = re.compile(r"(?<![\w+$.,-])([2-9]\d\d)-(\d{4})(?![\w-]|[.,]\d)")
+_MERIDIEM_TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s?([AaPp])\.?\s?[Mm]\b(\.)?")
+_TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
+_YEAR = r"(1[1-9]\d\d|20\d\d)\b(?![.,]\d|\s*%)"
+_SLASH_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d{4})(?![\w/])")
+_DATE_WITH_YEAR = re.compile(rf"\b({_MONTH}\s+)(\d{{1,2}})(?:st|nd|rd|th)?\b(,?\s+){_YEAR}")
+_DATE = re.compile(rf"\b({_MONTH}\s+)(\d{{1,2}})(?:st|nd|rd|th)?\b(?![:.,]?\d|%)")
+_MONTH_YEAR = re.compile(rf"\b({_MONTH},?\s+(?:of\s+)?){_YEAR}")
+_PREPOSITION = r"(?i:in|since|by|until|till|before|after|during|from|through|of|year|circa)"
+_YEAR_AFTER = re.compile(rf"\b({_PREPOSITION}\s+){_YEAR}")
+# 'between 1990 and 2000', 'from 2019 to 2021', 'in 1990-1995'
+_YEARS = re.compile(
+    rf"\b((?i:between|{_PREPOSITION})\s+){_YEAR}(\s*(?:-|–|and|to|or|through|until)\s*){_YEAR}"
+)
+_NOT_A_NOUN = frozenset({"was", "is", "has", "as", "this", "its", "his", "us", "always"})
+_DECADE = re.compile(r"\b(1[1-9]\d0|20\d0)s\b")
+_SHORT_DECADE = re.compile(r"(?<!\w)'([2-9]0)s\b")
+# a number or code said digit by digit after these words ("ends in 2996")
+_DIGITS_AFTER = re.compile(
+    r"\b((?i:ends?\s+(?:in|with)|ending\s+(?:in|with)|extension|pin(?:\s+number)?"
+    r"(?:\s+is)?|code(?:\s+is)?|last\s+(?:four|4)(?:\s+digits)?(?:\s+(?:is|are))?):?\s*)"
+    r"(?=[A-Z\d]*\d)([A-Z\d]{3,})\b(?![.,]\d)"
+)
+# what "ends in" can be said of that ends in digits, not in a year
+_NUMBERED = re.compile(
+    r"(?i:number|card|account|digits|one|code|ID|phone|line|policy|order|ticket|reference"
+    r"|tracking|plate|serial|it)\b[^.!?]*$"
+)
+_CODE = re.compile(r"(?<![\w'])(?=[A-Z\d]*[A-Z])(?=[A-Z\d]*\d)[A-Z\d]{2,}(?![\w'])")
+_CAPS = re.compile(r"(?<![\w'])([A-Z]{3,}|[A-Z]{2,}(?=s))(s?)(?![\w'])")
+_CAPS_BEFORE = re.compile(r"\b[A-Z]{2,}[,;:]?\s+$")
+_CAPS_AFTER = re.compile(r"^[,;:]?\s+[A-Z]{2,}\b")
+_DIGIT_STRING = re.compile(r"(?<![\w.,$€£-])(\d{5,}|0\d+)(?![\w%]|[.,]\d)")
 
 
-def english_ordinal(n: int) -> str:
-    words = english_number(n)
-    head, _, last = words.rpartition(" ")
-    if "-" in last:
-        pre, _, last = last.rpartition("-")
-        head = f"{head} {pre}-".strip() if head else pre + "-"
-    if last in _ORDINAL_WORDS:
-        last = _ORDINAL_WORDS[last]
-    elif last.endswith("y"):
-        last = last[:-1] + "ieth"
-    else:
-        last += "th"
-    if head.endswith("-"):
-        return head + last
-    return f"{head} {last}".strip()
-
-
-def _digits_en(s: str) -> str:
-    return " ".join(_ONES[int(d)] for d in s)
+def _keep_stop(m: re.Match[str], dot: int) -> str:
+    """A full stop that ended an abbreviation ('p.m.', 'Ave.') also ends the sentence when
+    the text ends after it or a capital follows: keep it then."""
+    if not m.group(dot):
+        return ""
+    rest = m.string[m.end() :]
+    return "." if not rest.strip() or re.match(r"\s+[A-Z]", rest) else ""
 
 
 def _en_decimal(m: re.Match[str]) -> str:
     whole, frac = m.group(1).replace(",", ""), m.group(2)
-    return f"{english_number(int(whole))} point {_digits_en(frac)}"
+    return f"{en.number(int(whole))} point {en.digits(frac)}"
 
 
 def _en_currency(m: re.Match[str]) -> str:
     one, many, sub_one, sub_many = _CURRENCY[m.group(1)]
     whole = int(m.group(2).replace(",", ""))
     cents = int((m.group(3) or "0").ljust(2, "0")[:2])
-    words = f"{english_number(whole)} {one if whole == 1 else many}"
+    words = f"{en.number(whole)} {one if whole == 1 else many}"
     if cents:
-        words += f" and {english_number(cents)} {sub_one if cents == 1 else sub_many}"
+        words += f" and {en.number(cents)} {sub_one if cents == 1 else sub_many}"
     return words
 
 
-def _en_time(m: re.Match[str]) -> str:
-    hours, minutes = int(m.group(1)), int(m.group(2))
-    if minutes == 0:
-        return f"{english_number(hours)} o'clock"
-    if minutes < 10:
-        return f"{english_number(hours)} oh {english_number(minutes)}"
-    return f"{english_number(hours)} {english_number(minutes)}"
+def _en_address(m: re.Match[str]) -> str:
+    kind = _STREET_TYPES[m.group(3)]
+    stop = _keep_stop(m, 4) if m.group(3) != kind else (m.group(4) or "")
+    return f"{en.house_number(int(m.group(1)))}{m.group(2)} {kind}{stop}"
+
+
+def _en_phone(m: re.Match[str]) -> str:
+    return en.phone(m.group(2) or m.group(3), m.group(4), m.group(5), (m.group(1) or "")[-1:])
+
+
+def _en_meridiem(m: re.Match[str]) -> str:
+    hour, minute = int(m.group(1)), int(m.group(2) or 0)
+    if hour > 12 or minute > 59:
+        return m.group(0)
+    return en.clock(hour, minute, m.group(3).upper() + "M") + _keep_stop(m, 4)
+
+
+def _month(said: str) -> str:
+    """'Jan. ' -> 'January ': a month's abbreviation in a date is said in full."""
+    return _MONTH_SHORT.sub(lambda m: _MONTHS[m[1]], said)
+
+
+def _en_date(m: re.Match[str]) -> str:
+    day = int(m.group(2))
+    if not 1 <= day <= 31:
+        return m.group(0)
+    tail = ""
+    if m.re is _DATE_WITH_YEAR:
+        tail = m.group(3) + en.year(int(m.group(4)))
+    return _month(m.group(1)) + en.ordinal(day) + tail
+
+
+def _en_slash_date(m: re.Match[str]) -> str:
+    """12/05/1990 (month first, as in the US) -> 'December fifth, nineteen ninety'."""
+    month, day, year = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    if 1100 <= year <= 2099:
+        return en.date(month, day, year)
+    return f"{en.date(month, day)}, {en.number(year)}"
+
+
+def _en_year_after(m: re.Match[str]) -> str:
+    """'in 1990', 'since 2019': a year; 'in 1500 cases': a quantity."""
+    noun = re.match(r"\s+([a-z]+s)\b", m.string[m.end() :])
+    if m.re is _YEAR_AFTER and noun and noun.group(1) not in _NOT_A_NOUN:
+        return m.group(0)
+    if m.re is _YEARS:
+        joint = " to " if m[3].strip() in ("-", "–") else m[3]  # 1990-1995: 'to'
+        return f"{m[1]}{en.year(int(m[2]))}{joint}{en.year(int(m[4]))}"
+    return _month(m.group(1)) + en.year(int(m.group(2)))
+
+
+def _en_digits_after(m: re.Match[str]) -> str:
+    """'ends in 2996', 'extension 1234', 'PIN 4242': digit by digit; but 'the offer ends
+    in 2025' is a year."""
+    said, code = m.group(1), m.group(2)
+    before = m.string[max(0, m.start() - 60) : m.start()]
+    is_year = re.fullmatch(_YEAR, code) is not None
+    if said.lower().startswith("end") and is_year and not _NUMBERED.search(before):
+        return said + en.year(int(code))
+    return said + en.spell(code)
+
+
+def _en_caps(m: re.Match[str]) -> str:
+    letters, plural = m.group(1), m.group(2)
+    before, after = m.string[: m.start()][-40:], m.string[m.end() :][:40]
+    if letters in en.SAID_AS_WORDS or re.fullmatch("[IVX]+", letters):
+        return m.group(0)  # a word, or a Roman numeral
+    if _CAPS_BEFORE.search(before) or _CAPS_AFTER.match(after):
+        return m.group(0)  # a phrase in capitals: shouted words, not a code
+    return en.spell(letters) + plural
+
+
+def _en_code(m: re.Match[str]) -> str:
+    code = m.group(0)
+    if unit := re.fullmatch(r"([1-9]\d{0,3})([A-Z])", code):  # 21B: a house or unit number
+        return en.unit(int(unit.group(1)), unit.group(2))
+    if seat := re.fullmatch(r"([A-Z])([1-9]\d?)", code):  # B12: a gate, seat or row
+        return f"{seat.group(1)} {en.number(int(seat.group(2)))}"
+    return en.spell(code)
+
+
+def _en_digit_string(m: re.Match[str]) -> str:
+    s = m.group(0)
+    if s[0] != "0" and int(s) % 1000 == 0:  # 10000 steps: a round number is a quantity
+        return s
+    return en.digits(s)
+
+
+def _en_title(m: re.Match[str]) -> str:
+    """Mr. Mrs. Ms. before anything; Dr. is Doctor before a name, Drive after a street's
+    name; St. is Saint before a name, Street after one."""
+    word, name_follows = m.group(1), m.group(3)
+    if not m.group(2) and not name_follows:
+        return m.group(0)  # 'Dr' or 'St' alone: not an abbreviation we know
+    after_name = re.search(r"[A-Z][a-z]+\s+$", m.string[: m.start()]) is not None
+    if word in ("Dr", "St") and not name_follows and after_name:
+        return _STREET_TYPES[word] + _keep_stop(m, 2)
+    if word == "St":
+        return "Saint" if name_follows else m.group(0)
+    return en.TITLES[word]
 
 
 def normalize_english(text: str) -> str:
+    """Spell out English text the way a call-center agent reads it (docs/protocol.md,
+    "language"): the rules are voiceagent/text/english.py's, also used by the training
+    corpus."""
     text = re.sub(r"([$€£])(\d[\d,]*)(?:\.(\d+))?", _en_currency, text)
-    text = re.sub(r"\b(\d{1,2}):(\d{2})\b", _en_time, text)
+    text = _ADDRESS.sub(_en_address, text)
+    text = _TITLE.sub(_en_title, text)
+    text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
+    text = re.sub(r"\bNo\.\s?(?=\d)|#(?=\d)", "number ", text)
+    text = _PHONE_E164.sub(lambda m: en.phone(m[1], m[2], m[3], "1"), text)
+    text = _PHONE.sub(_en_phone, text)
+    text = _PHONE_LOCAL.sub(lambda m: en.phone("", m[1], m[2]), text)
+    text = _MERIDIEM_TIME.sub(_en_meridiem, text)
+    text = _TIME.sub(lambda m: en.clock(int(m[1]), int(m[2])), text)
+    text = re.sub(r"\bext\.(?=\s*\d)", "extension", text)
+    text = _DIGITS_AFTER.sub(_en_digits_after, text)
+    text = _SLASH_DATE.sub(_en_slash_date, text)
+    text = _DATE_WITH_YEAR.sub(_en_date, text)
+    text = _DATE.sub(_en_date, text)
+    text = _MONTH_YEAR.sub(_en_year_after, text)
+    text = _YEARS.sub(_en_year_after, text)
+    text = _YEAR_AFTER.sub(_en_year_after, text)
+    text = _DECADE.sub(lambda m: en.decade(int(m[1])), text)
+    text = _SHORT_DECADE.sub(lambda m: en.decade(1900 + int(m[1]))[len("nineteen ") :], text)
+    text = re.sub(r"(?<![\w.,-])911(?![\w]|[.,]\d)", "nine one one", text)
+    text = _CODE.sub(_en_code, text)
+    text = _CAPS.sub(_en_caps, text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)%", lambda m: _en_decimal(m) + " percent", text)
     text = re.sub(
-        r"(\d[\d,]*)%",
-        lambda m: english_number(int(m.group(1).replace(",", ""))) + " percent",
-        text,
+        r"(\d[\d,]*)%", lambda m: en.number(int(m[1].replace(",", ""))) + " percent", text
     )
-    text = re.sub(r"\b(\d+)(st|nd|rd|th)\b", lambda m: english_ordinal(int(m.group(1))), text)
+    text = re.sub(r"\b(\d+)(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)", _en_decimal, text)
-    text = re.sub(
-        r"\d{1,3}(?:,\d{3})+|\d+",
-        lambda m: english_number(int(m.group(0).replace(",", ""))),
-        text,
-    )
+    text = _DIGIT_STRING.sub(_en_digit_string, text)
+    text = re.sub(r"\d{1,3}(?:,\d{3})+|\d+", lambda m: en.number(int(m[0].replace(",", ""))), text)
     for sym, words in _EN_SYMBOLS.items():
         text = text.replace(sym, words)
     return re.sub(r"  +", " ", text)

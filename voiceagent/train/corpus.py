@@ -32,7 +32,7 @@ from .spoken import is_speakable
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # bump when the same parameters would give other sentences
+VERSION = 3  # bump when the same parameters would give other sentences (3: shared readings)
 MIN_WORDS, MAX_WORDS = 3, 20  # spoken words: spelled codes make spoken forms longer
 # Spoken seconds per sentence, about: a least-squares fit of the joe voice's WAV lengths
 # to spoken word counts (50 sentences, docs/training.md). Only to size the corpus; the

@@ -12,7 +12,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 
-from ..text.normalize import english_number, english_ordinal, normalize_english
+from ..text import english
+from ..text.english import number as english_number
+from ..text.english import ordinal as english_ordinal
+from ..text.normalize import normalize_english
 from . import spoken as sp
 
 Pair = tuple[str, str]  # (written, spoken)
@@ -79,13 +82,10 @@ STREET_TYPE = (  # (as often written, as said)
     ("Way", "Way"), ("Place", "Place"),
 )
 WEEKDAY = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
-MONTH = (
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
-)
-TITLE = (("Mr.", "Mister"), ("Ms.", "Miz"), ("Mrs.", "Missus"), ("Dr.", "Doctor"))
 CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"  # no I or O: codes avoid them (1 and 0)
 # fmt: on
+MONTH = english.MONTHS
+TITLE = tuple((f"{short}.", said) for short, said in english.TITLES.items())
 
 
 def fill(template: str, slots: Mapping[str, Slot]) -> Pair:
@@ -250,13 +250,11 @@ PHONE = (
 def phone_number(rng: random.Random) -> Pair:
     area = str(rng.randint(201, 989))
     line = f"01{rng.randint(0, 99):02d}"  # 555-0100 to 0199: numbers reserved for fiction
-    tollfree_w = f"1-800-555-{line}"
-    tollfree_s = f"one eight hundred, five five five, {sp.digits(line)}"
     return fill(
         rng.choice(PHONE),
         {
             "phone": sp.phone(area, "555", line),
-            "tollfree": (tollfree_w, tollfree_s),
+            "tollfree": sp.phone("800", "555", line, country="1"),
             "dept": rng.choice(DEPARTMENT),
         },
     )
@@ -317,7 +315,7 @@ def address(rng: random.Random) -> Pair:
     street = (f"{n} {name} {kind_w}", f"{sp.house_number(n)} {name} {kind_s}")
     unit, letter = rng.randint(1, 30), rng.choice("ABCD")
     apt_w, apt_s = rng.choice((("Apartment",) * 2, ("Apt.", "Apartment"), ("Unit",) * 2))
-    apt = (f"{apt_w} {unit}{letter}", f"{apt_s} {english_number(unit)} {letter}")
+    apt = (f"{apt_w} {unit}{letter}", f"{apt_s} {english.unit(unit, letter)}")
     city, state = rng.choice(CITY)
     return fill(
         rng.choice(ADDRESS),
