@@ -11,6 +11,7 @@ On disk (DIR/feats/): <id>.npz with `wav` (int16, 24 kHz, 480 x frames samples) 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import wave
 from collections.abc import Iterator
@@ -76,8 +77,18 @@ def load(work: Path, utt_id: str) -> tuple[np.ndarray, np.ndarray]:
         return f["wav"].astype(np.float32) / 32767.0, f["mel"]
 
 
+def manifest_digest(work: Path) -> str:
+    """Which utterances the teacher's manifest lists (a new corpus sentence changes it)."""
+    ids = "\n".join(u.id for u in utterances(work))
+    return hashlib.sha1(ids.encode()).hexdigest()
+
+
 def is_complete(work: Path) -> bool:
-    return (feats_dir(work) / "stage.json").is_file()
+    """Every utterance of the teacher's manifest has its features."""
+    path = feats_dir(work) / "stage.json"
+    if not path.is_file():
+        return False
+    return bool(json.loads(path.read_text()).get("manifest") == manifest_digest(work))
 
 
 def run(work: Path) -> Iterator[str]:
@@ -98,6 +109,11 @@ def run(work: Path) -> Iterator[str]:
     for u in utts:
         with np.load(out / f"{u.id}.npz") as f:
             frames_total += f["mel"].shape[0]
-    summary = {"utterances": len(utts), "computed": done, "mel_frames": frames_total}
+    summary = {
+        "utterances": len(utts),
+        "computed": done,
+        "mel_frames": frames_total,
+        "manifest": manifest_digest(work),
+    }
     (out / "stage.json").write_text(json.dumps(summary, indent=2))
     yield f"feats: {len(utts)} utterances ({done} new), {frames_total / 50 / 3600:.2f} hours"

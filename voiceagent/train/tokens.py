@@ -86,7 +86,10 @@ def fit(x: torch.Tensor, codes: int, iterations: int, seed: int = 0) -> torch.Te
 
 
 def is_complete(work: Path) -> bool:
-    return (tokens_dir(work) / "stage.json").is_file()
+    """Every utterance of the teacher's manifest has its tokens."""
+    if not (tokens_dir(work) / "stage.json").is_file():
+        return False
+    return {u.id for u in feats.utterances(work)} <= set(load_tokens(work))
 
 
 def load_tokens(work: Path) -> dict[str, np.ndarray]:
@@ -98,17 +101,26 @@ def run(work: Path, codes: int = CODES, iterations: int = ITERATIONS) -> Iterato
     out = tokens_dir(work)
     out.mkdir(parents=True, exist_ok=True)
     utts = feats.utterances(work)
-    mels = {u.id: feats.load(work, u.id)[1] for u in utts}
-    train = np.concatenate([pairs(mels[u.id]) for u in utts if u.split == "train"])
-    rng = np.random.default_rng(0)
-    if len(train) > SAMPLE:
-        train = train[rng.choice(len(train), SAMPLE, replace=False)]
-    mean, std = train.mean(0), train.std(0) + 1e-5
-    yield f"tokens: fitting {codes} centroids on {len(train)} mel pairs"
-    centroids = fit(torch.from_numpy((train - mean) / std), codes, iterations)
-    book = Codebook(mean, std, centroids.numpy())
-    book.save(out / "codebook.npz")
-    tokens = {uid: book.encode(mel) for uid, mel in mels.items()}
+    if (out / "codebook.npz").is_file():
+        # The codebook stays: the LM and the flow were trained on its codes. Utterances
+        # added since (a corpus that grew) are encoded with it.
+        book = Codebook.load(out / "codebook.npz")
+        tokens = load_tokens(work) if (out / "tokens.npz").is_file() else {}
+        new = [u for u in utts if u.id not in tokens]
+        yield f"tokens: the codebook exists; encoding {len(new)} new utterances"
+        tokens.update({u.id: book.encode(feats.load(work, u.id)[1]) for u in new})
+    else:
+        mels = {u.id: feats.load(work, u.id)[1] for u in utts}
+        train = np.concatenate([pairs(mels[u.id]) for u in utts if u.split == "train"])
+        rng = np.random.default_rng(0)
+        if len(train) > SAMPLE:
+            train = train[rng.choice(len(train), SAMPLE, replace=False)]
+        mean, std = train.mean(0), train.std(0) + 1e-5
+        yield f"tokens: fitting {codes} centroids on {len(train)} mel pairs"
+        centroids = fit(torch.from_numpy((train - mean) / std), codes, iterations)
+        book = Codebook(mean, std, centroids.numpy())
+        book.save(out / "codebook.npz")
+        tokens = {uid: book.encode(mel) for uid, mel in mels.items()}
     np.savez(out / "tokens.npz", **tokens)  # type: ignore[arg-type]
     used = len(np.unique(np.concatenate(list(tokens.values()))))
     summary = {"codes": codes, "used": used, "utterances": len(tokens)}

@@ -1,0 +1,63 @@
+"""Stages `feats` and `tokens`: the teacher's speech at the model's rate with the flow's
+mel, and speech tokens of our own at 25 per second; a corpus that grows later gets its
+new utterances' features and tokens without the codebook the parts were trained on
+changing."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from voiceagent.audio.features import prompt_mel
+from voiceagent.train import feats, tokens
+
+
+def add_utterance(work: Path, uid: str, f0: float, seconds: float, split: str = "train") -> None:
+    """A 22.05 kHz teacher WAV of a tone and its manifest row."""
+    wav_dir = work / "teacher" / "wav"
+    wav_dir.mkdir(parents=True, exist_ok=True)
+    t = np.arange(int(22050 * seconds)) / 22050
+    pcm = (0.3 * np.sin(2 * np.pi * f0 * t) * 32767).astype("<i2")
+    with wave.open(str(wav_dir / f"{uid}.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(22050)
+        w.writeframes(pcm.tobytes())
+    manifest = work / "teacher" / "manifest.tsv"
+    rows = manifest.read_text() if manifest.exists() else "id\tseconds\ttext\tsplit\n"
+    manifest.write_text(rows + f"{uid}\t{seconds:.3f}\ta tone\t{split}\n")
+
+
+def test_feats_are_24_khz_audio_with_two_mel_frames_per_token(tmp_path: Path) -> None:
+    add_utterance(tmp_path, "u0", 180.0, 1.03)
+    list(feats.run(tmp_path))
+    wav, mel = feats.load(tmp_path, "u0")
+    assert mel.shape[0] % 2 == 0 and mel.shape[1] == 80
+    assert len(wav) == 480 * mel.shape[0] and abs(len(wav) - 24000 * 1.03) < 960
+    # the flow's mel of that audio (stored as 16-bit PCM: quiet bins move a little)
+    assert np.abs(mel - prompt_mel(wav)).mean() < 0.05
+    assert feats.is_complete(tmp_path)
+
+
+def test_tokens_cover_every_utterance_and_a_new_one_keeps_the_codebook(tmp_path: Path) -> None:
+    for i, f0 in enumerate((120.0, 200.0, 320.0)):
+        add_utterance(tmp_path, f"u{i}", f0, 0.8)
+    list(feats.run(tmp_path))
+    list(tokens.run(tmp_path, codes=8, iterations=5))
+    toks = tokens.load_tokens(tmp_path)
+    assert set(toks) == {"u0", "u1", "u2"} and tokens.is_complete(tmp_path)
+    for uid, t in toks.items():
+        assert len(t) == feats.load(tmp_path, uid)[1].shape[0] // 2 and t.max() < 8
+    assert len({int(toks[u][len(toks[u]) // 2]) for u in toks}) == 3  # pitch tells them apart
+    book = (tmp_path / "tokens" / "codebook.npz").read_bytes()
+
+    add_utterance(tmp_path, "u3", 200.0, 0.8)
+    assert not feats.is_complete(tmp_path) and not tokens.is_complete(tmp_path)
+    list(feats.run(tmp_path))
+    list(tokens.run(tmp_path, codes=8, iterations=5))
+    assert (tmp_path / "tokens" / "codebook.npz").read_bytes() == book
+    again = tokens.load_tokens(tmp_path)
+    assert all(np.array_equal(again[u], toks[u]) for u in toks)
+    assert np.array_equal(again["u3"], again["u1"])  # the same tone, the same codes
