@@ -36,8 +36,10 @@ def test_feats_are_24_khz_audio_with_two_mel_frames_per_token(tmp_path: Path) ->
     wav, mel = feats.load(tmp_path, "u0")
     assert mel.shape[0] % 2 == 0 and mel.shape[1] == 80
     assert len(wav) == 480 * mel.shape[0] and abs(len(wav) - 24000 * 1.03) < 960
-    # the flow's mel of that audio (stored as 16-bit PCM: quiet bins move a little)
-    assert np.abs(mel - prompt_mel(wav)).mean() < 0.05
+    # the flow's mel of that audio, where there is energy (the audio is stored as 16-bit
+    # PCM: in the bins a pure tone leaves near-silent, rounding noise moves the log)
+    loud = mel > -5
+    assert loud.sum() > 50 and np.abs(mel - prompt_mel(wav))[loud].max() < 0.01
     assert feats.is_complete(tmp_path)
 
 
