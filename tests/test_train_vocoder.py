@@ -202,6 +202,28 @@ def test_train_stops_at_its_budget_and_a_resumed_run_is_the_run_it_continued(
     assert stopped["steps"] == 0 and vt.load_checkpoint(a)["step"] == 5  # type: ignore[index]
 
 
+def test_a_batch_whose_loss_is_not_finite_is_skipped_and_the_weights_stay_finite(
+    work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One NaN update makes every weight NaN (seen in a long run): such a batch is
+    skipped, counted, and a checkpoint is never written from non-finite weights."""
+    real = vt.losses
+    calls = []
+
+    def second_is_nan(model: object, batch: object, source: str = "predicted") -> dict:
+        parts = real(model, batch, source)  # type: ignore[arg-type]
+        calls.append(source)
+        if len(calls) == 2:
+            parts["loss"] = parts["loss"] * float("nan")
+        return parts
+
+    monkeypatch.setattr(vt, "losses", second_is_nan)
+    out = vt.train(work, 600, max_steps=3, sizes=SMALL, batch=2, segment=16, log_every=1)
+    assert out["step"] == 3 and out["skipped"] == 1
+    weights = vt.trained_model(work).state_dict()
+    assert all(bool(torch.isfinite(w).all()) for w in weights.values())
+
+
 def test_exported_vocoder_loads_with_the_projects_loader_and_streams_exactly(
     work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -453,6 +453,8 @@ def _train(
     data = Segments(work, ids, segment, seed)
 
     def save() -> None:
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise FloatingPointError("vocoder weights are not finite: checkpoint not written")
         _save(
             out / "checkpoint.pt",
             {
@@ -465,6 +467,7 @@ def _train(
         )
 
     first_step = step
+    skipped = 0
     sums: dict[str, float] = {}
     n_sum, rows, curve = 0, [], []
     last_save = time.perf_counter()
@@ -479,7 +482,14 @@ def _train(
         opt.zero_grad(set_to_none=True)
         parts["loss"].backward()
         norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
-        opt.step()
+        # A batch whose loss or gradient is not finite is skipped: one such update makes
+        # every weight NaN (seen at step 915 of the first long run: a batch of nearly
+        # silent segments, spectral convergence 19.9, then NaN).
+        if math.isfinite(norm) and bool(torch.isfinite(parts["loss"])):
+            opt.step()
+        else:
+            skipped += 1
+            print(f"vocoder: step {step}: loss or gradient not finite, batch skipped")
         step += 1
         step_s = time.perf_counter() - now
         seconds += step_s
@@ -504,6 +514,7 @@ def _train(
     return {
         "step": step,
         "steps": steps,
+        "skipped": skipped,
         "wall_s": round(time.perf_counter() - began, 1),
         "train_s": round(trained_s, 1),
         "items_per_s": round(steps * batch / trained_s, 3) if trained_s > 0 else 0.0,
