@@ -59,7 +59,8 @@ def write_work(work: Path, n: int = 6) -> None:
         split = "heldout" if i == n - 1 else "train"
         rows.append(f"u{i}\t{len(wav) / RATE:.3f}\thello there\t{split}")
     (work / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
-    (work / "feats" / "stage.json").write_text(json.dumps({"utterances": n}))
+    digest = feats.manifest_digest(work)
+    (work / "feats" / "stage.json").write_text(json.dumps({"utterances": n, "manifest": digest}))
 
 
 @pytest.fixture(autouse=True)

@@ -52,6 +52,7 @@ from ..model.cosyvoice2.random_checkpoint import yaml_text
 from ..model.cosyvoice2.yaml_config import read_yaml
 from . import feats, tokens
 from .sizes import VOICE
+from .update import update
 
 # The keys of `sizes.VOICE` that size the flow.
 FLOW_KEYS = (
@@ -337,10 +338,8 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr
         loss = flow.training_loss(**batch)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(flow.parameters(), p.grad_clip)
-        opt.step()
+        if update(opt, flow.parameters(), loss, p.grad_clip) is None:
+            say(f"flow: step {step}: loss or gradient not finite, batch skipped")
         step += 1
         steps_done += 1
         dt = time.monotonic() - t0

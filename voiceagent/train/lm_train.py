@@ -67,6 +67,7 @@ from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import feats, tokens
 from .sizes import VOICE
+from .update import update
 
 IGNORE = -100
 MERGES = 400  # BPE merges learned from the train text (see `write_tokenizer`)
@@ -413,6 +414,7 @@ class Trainer:
     seconds: float = 0.0  # training time so far, over all runs
     targets_seen: int = 0
     positions_seen: int = 0
+    skipped: int = 0  # batches whose loss or gradient was not finite (`update`)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -426,10 +428,8 @@ class Trainer:
             group["lr"] = lr
         self.lm.train()
         loss, n = loss_of(self.lm, examples, self.hyper.dropout)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.lm.parameters(), self.hyper.clip)
-        self.opt.step()
+        if update(self.opt, self.lm.parameters(), loss, self.hyper.clip) is None:
+            self.skipped += 1
         self.step += 1
         self.targets_seen += n
         self.positions_seen += sum(e.positions for e in examples)

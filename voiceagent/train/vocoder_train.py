@@ -53,6 +53,7 @@ from ..audio.features import MEL_BINS, MEL_FFT, MEL_FMAX, MEL_HOP, MEL_RATE, sla
 from ..model.cosyvoice2.hift import HiFT, HiFTConfig, released_state_dict
 from . import feats
 from .sizes import VOICE
+from .update import update
 
 RATE = MEL_RATE  # 24 kHz
 HOP = MEL_HOP  # samples per mel frame
@@ -479,15 +480,10 @@ def _train(
             break
         b = data.batch(step, batch)
         parts = losses(model, b, "teacher" if step < teacher_f0_steps else "predicted")
-        opt.zero_grad(set_to_none=True)
-        parts["loss"].backward()
-        norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP))
-        # A batch whose loss or gradient is not finite is skipped: one such update makes
-        # every weight NaN (seen at step 915 of the first long run: a batch of nearly
-        # silent segments, spectral convergence 19.9, then NaN).
-        if math.isfinite(norm) and bool(torch.isfinite(parts["loss"])):
-            opt.step()
-        else:
+        # (the first long run turned NaN at step 915: a batch of nearly silent segments,
+        # spectral convergence 19.9)
+        norm = update(opt, model.parameters(), parts["loss"], CLIP)
+        if norm is None:
             skipped += 1
             print(f"vocoder: step {step}: loss or gradient not finite, batch skipped")
         step += 1
@@ -495,7 +491,7 @@ def _train(
         seconds += step_s
         for k, v in parts.items():
             sums[k] = sums.get(k, 0.0) + float(v.detach())
-        sums["grad_norm"] = sums.get("grad_norm", 0.0) + norm
+        sums["grad_norm"] = sums.get("grad_norm", 0.0) + (norm or 0.0)
         n_sum += 1
         if step % log_every == 0:
             row = {k: v / n_sum for k, v in sums.items()}
