@@ -240,3 +240,18 @@ def test_the_lm_stage_is_a_train_command_with_a_budget_in_minutes(work, capsys) 
     assert "lm: " in capsys.readouterr().out
     saved = Trainer.load(lm_train.checkpoint_path(work))
     assert saved.lm.cfg.hidden == lm_train.VOICE["lm_hidden"]  # the voice's sizes by default
+
+
+def test_the_export_takes_the_weights_with_the_lowest_held_out_loss(work) -> None:
+    """2 hours of speech overfit the LM within a few epochs: the held-out best is kept
+    beside the last checkpoint, and the export takes it."""
+    hyper = Hyper(batch_positions=400, warmup=5, lr=3e-3, dropout=0.0, checkpoint_s=1.0)
+    lm_train.train(work, 6.0, sizes=SMALL, hyper=hyper, merges=40, say=lambda s: None)
+    rows = [r.split("\t") for r in (work / "lm" / "log.tsv").read_text().splitlines()]
+    col = rows[0].index("heldout_ce")
+    held = [float(r[col]) for r in rows[1:] if len(r) > col and r[col]]
+    best = torch.load(lm_train.best_path(work), weights_only=True)
+    ckpt = torch.load(lm_train.checkpoint_path(work), weights_only=True)
+    assert len(held) >= 2 and ckpt["extra"]["best_heldout_ce"] == pytest.approx(min(held), abs=1e-4)
+    exported = lm_train.export_state(work)
+    assert all(torch.equal(exported[k], v) for k, v in best["model"].items() if k != lm_train.HEAD)

@@ -40,7 +40,6 @@ import asyncio
 import itertools
 import json
 import math
-import os
 import random
 import tempfile
 import time
@@ -451,9 +450,7 @@ class Trainer:
             "extra": self.extra,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        _save_atomic(state, path)
 
     @classmethod
     def load(cls, path: Path, hyper: Hyper | None = None) -> Trainer:
@@ -571,6 +568,12 @@ def train(
         row |= {"train_ce": f"{ce_train:.4f}", "heldout_ce": f"{ce_held:.4f}"}
         row |= {"text_gain": f"{gain:.4f}"}
         _log_row(log, row)
+        if ce_held < tr.extra.get("best_heldout_ce", math.inf):
+            # The weights the export takes: 2 hours of speech overfit an 8 M model within
+            # a few epochs (held-out CE rose from 2.32 at epoch 5 to 2.44 at epoch 9
+            # while the train CE fell from 1.63 to 0.98).
+            tr.extra["best_heldout_ce"] = ce_held
+            _save_atomic({"model": tr.lm.state_dict(), "step": tr.step}, best_path(work))
         tr.save(ckpt)
         return ce_train, ce_held, time.monotonic() - t0
 
@@ -627,10 +630,23 @@ def train(
     return summary
 
 
+def best_path(work: Path) -> Path:
+    """The weights with the lowest held-out cross-entropy so far."""
+    return lm_dir(work) / "best.pt"
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    tmp.replace(path)
+
+
 def export_state(work: Path) -> dict[str, Tensor]:
-    """The trained LM's state dict in `llm.pt`'s key layout (text embedding and text head
-    one tensor, as the tied Qwen config says)."""
-    state = torch.load(checkpoint_path(work), map_location="cpu", weights_only=True)["model"]
+    """The trained LM's state dict (the best held-out weights if kept, else the last) in
+    `llm.pt`'s key layout (text embedding and text head one tensor, as the tied Qwen
+    config says)."""
+    path = best_path(work) if best_path(work).is_file() else checkpoint_path(work)
+    state = torch.load(path, map_location="cpu", weights_only=True)["model"]
     state = {k: v.clone() for k, v in state.items()}
     state[HEAD] = state[EMBED]
     return state
