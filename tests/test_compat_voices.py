@@ -115,7 +115,7 @@ def test_tts_with_inline_reference_audio_uses_a_one_off_voice(server, phone):
     # never kept: not listed, and its cached flow state is gone with the request
     listed = httpx.get(f"{server.http}/v1/voices").json()["voices"]
     assert not [v for v in listed if v.startswith("one-off")]
-    assert not [k for k in server.engine.acoustic._primed_states if k.startswith("one-off")]
+    assert not [k for k in server.engine.acoustic.primed_voices() if k.startswith("one-off")]
     form = httpx.post(  # multipart: the reference in a file part
         f"{server.http}/v1/tts",
         files={"file": ("ref.wav", wav_bytes(pcm_of(phone), 8000), "audio/wav")},

@@ -409,12 +409,12 @@ def test_a_warm_voice_is_primed_before_its_first_turn(small):
     engine.start()
     try:
         assert engine.acoustic.warmed.wait(60)
-        assert set(engine.acoustic._primed_states) == {("agent", False)}  # before any turn
+        assert engine.acoustic.primed_voices() == {"agent"}  # before any turn
     finally:
         engine.stop()
     cold = EmbeddedEngine(small, 1)
     cold.start()
     try:
-        assert cold.acoustic.warmed.wait(5) and not cold.acoustic._primed_states
+        assert cold.acoustic.warmed.wait(5) and not cold.acoustic.primed_voices()
     finally:
         cold.stop()

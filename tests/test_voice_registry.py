@@ -248,14 +248,14 @@ def test_delete_removes_the_file_and_the_voice(voice_server, phone):
     assert r.status_code == 201, r.text
     assert_speaks(voice_server, "temp")  # primes and caches its flow state
     acoustic = voice_server.engine.acoustic
-    assert "default/temp" in acoustic._primed_states
+    assert "default/temp" in acoustic.primed_voices()
     path = voice_server.voice_server.config.voices_dir / "default" / "temp.pt"  # type: ignore[operator]
     assert path.is_file()
 
     assert httpx.delete(f"{http}/v1/voices/temp").status_code == 204
     assert not path.exists()
     assert "default/temp" not in voice_server.engine.model.voices
-    assert "default/temp" not in acoustic._primed_states
+    assert "default/temp" not in acoustic.primed_voices()
     assert "temp" not in httpx.get(f"{http}/v1/voices").json()["voices"]
     assert_error(httpx.get(f"{http}/v1/voices/temp"), 404, "unknown_voice")
     assert_error(httpx.delete(f"{http}/v1/voices/temp"), 404, "unknown_voice")

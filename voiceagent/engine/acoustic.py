@@ -180,6 +180,10 @@ class AcousticWorker:
         mel, _ = self.flow.forward_chunk(tokens, voice.embedding[None].to(dev), primed)
         self.model.vocoder.forward_chunk(mel.float(), self.model.vocoder.initial_state(), True)
 
+    def primed_voices(self) -> set[str]:
+        """The voices whose primed flow state is cached (of either kind)."""
+        return {name for name, _ in self._primed_states}
+
     def forget_voice(self, name: str) -> None:
         """Drop the primed flow state cached for voice `name` (a deleted voice). A turn
         already running keeps its own reference to the state."""
