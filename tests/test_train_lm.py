@@ -25,7 +25,7 @@ from voiceagent.model.cosyvoice2.text_tokenizer import QwenTextTokenizer
 from voiceagent.model.lm import KVPool
 from voiceagent.text.normalize import normalize
 from voiceagent.train import lm_train
-from voiceagent.train.lm_train import IGNORE, Example, Hyper, Trainer
+from voiceagent.train.lm_train import IGNORE, Example, Hyper, Prior, Trainer
 
 SMALL = SIZES["small"]
 TRAIN = [
@@ -160,6 +160,28 @@ def test_the_loss_falls_when_one_batch_is_learned(work) -> None:
     assert losses[0] > 4.0  # about ln(6564) = 8.8 at the start
     assert losses[-1] < 0.5 * losses[0]
     assert tr.step == 40
+
+
+def test_the_alignment_prior_costs_nothing_on_the_diagonal_and_most_far_off_it() -> None:
+    ex = Example(text=(5, 6, 7, 8), speech=tuple(range(7)))  # 4 text keys, 8 speech queries
+    cost = Prior.of([ex], ex.positions, (1,), width=0.2).cost[0]
+    query, key = 5, 1  # positions of the task id (query 0) and of the first text id
+    assert cost[query + 0, key + 0] == 0 and cost[query + 4, key + 2] == 0  # 4/8 = 2/4
+    assert cost[query + 0, key + 3] > 0.99  # 0 against 3/4 of the way through
+    assert cost[query + 6, key + 3] < cost[query + 6, key + 0]
+    # only speech queries over text keys: sos, the text rows and the speech keys are free
+    assert cost[:query].sum() == 0 and cost[:, :key].sum() == 0 and cost[:, key + 4 :].sum() == 0
+
+
+def test_the_alignment_prior_pulls_attention_onto_the_diagonal(work) -> None:
+    torch.set_num_threads(1)
+    runs = {}
+    for weight in (1e-9, 1.0):  # measured but not trained, then trained
+        tr, train, _ = small_trainer(work, lr=3e-3, warmup=5, dropout=0.0, prior=weight)
+        for _ in range(30):
+            tr.train_step(train[:4])
+        runs[weight] = tr.last_prior
+    assert runs[1.0] < 0.7 * runs[1e-9], runs
 
 
 def test_training_stops_at_its_budget_and_resumes_from_its_checkpoint(work) -> None:

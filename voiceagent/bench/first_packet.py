@@ -369,12 +369,14 @@ def grid_deviation(
     }
 
 
-def _summary(turns: list[dict[str, float]], first_ttfa: float) -> dict[str, Any]:
+def _summary(turns: list[dict[str, float]], first: dict[str, float]) -> dict[str, Any]:
     return {
         "turns": len(turns),
         "ttfa_ms_p50": round(statistics.median(t["ttfa"] for t in turns), 1),
-        "ttfa_ms_first": round(first_ttfa, 1),
+        "ttfa_ms_first": round(first["ttfa"], 1),
         "slices_ms": {s: round(statistics.median(t[s] for t in turns), 1) for s in SLICES},
+        # the first turn after start-up, slice by slice (it should cost what later ones do)
+        "slices_ms_first": {s: round(first[s], 1) for s in SLICES},
         # chunks the flow ran before the first audio (the exact hold-back needs two)
         "chunks_to_first_audio": statistics.median(t["chunks"] for t in turns),
     }
@@ -402,7 +404,7 @@ def measure(
         for name, m in modes.items()
     }
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in modes}
-    first: dict[str, float] = {}
+    first: dict[str, dict[str, float]] = {}
 
     threads = torch.get_num_threads()
 
@@ -413,7 +415,7 @@ def measure(
                 row = slices(*await _first_packet(engines[name], voice, mode, seed=1))
                 row["ttfa"] = sum(row[s] for s in SLICES)
                 if i == 0:
-                    first[name] = row["ttfa"]
+                    first[name] = row
                 else:
                     rows[name].append(row)
 
@@ -460,10 +462,16 @@ def table(report: dict[str, Any]) -> str:
     lines = [
         f"first packet ({report['model']}, voice {report['voice']}), ms, p50 of "
         f"{report[names[0]]['turns']} turns",
-        f"{'slice':<24}" + "".join(f"{n:>12}" for n in names),
+        f"{'slice':<24}" + "".join(f"{n:>12}{'(first)':>10}" for n in names),
     ]
     for s in SLICES:
-        lines.append(f"{s:<24}" + "".join(f"{report[n]['slices_ms'][s]:>12}" for n in names))
+        lines.append(
+            f"{s:<24}"
+            + "".join(
+                f"{report[n]['slices_ms'][s]:>12}{report[n]['slices_ms_first'][s]:>10}"
+                for n in names
+            )
+        )
     keys = (
         "ttfa_ms_p50",
         "ttfa_ms_first",

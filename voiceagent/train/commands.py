@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import corpus, export, feats, flow_train, lm_train, teacher, tokens, vocoder_train
+from . import check, corpus, export, feats, flow_train, lm_train, teacher, tokens, vocoder_train
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -217,8 +217,30 @@ def _export(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sentences", type=int, default=20, help="held-out sentences to hear")
+
+
+def _check(work: Path, args: argparse.Namespace) -> int:
+    if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
+        return code
+    report = check.run(work, getattr(args, "sentences", 20))
+    n = report.pop("sentences")
+    print(f"check: WER of each part alone over {n} held-out sentences (docs/training.md)")
+    for part, wer in report.items():
+        print(f"check: {part:<12} {wer:.3f}")
+    return 0
+
+
 def _all_flags(p: argparse.ArgumentParser) -> None:
-    for add in (_corpus_flags, _teacher_flags, _tokens_flags, _vocoder_flags, _export_flags):
+    for add in (
+        _corpus_flags,
+        _teacher_flags,
+        _tokens_flags,
+        _vocoder_flags,
+        _export_flags,
+        _check_flags,
+    ):
         add(p)
 
 
@@ -279,6 +301,12 @@ STAGES = [
         "write the trained voice as a model directory (the released CosyVoice2 layout)",
         _export_flags,
         _export,
+    ),
+    Stage(
+        "check",
+        "hear each trained part alone (Griffin-Lim, token centroids): WER per part",
+        _check_flags,
+        _check,
     ),
     Stage(
         "all",

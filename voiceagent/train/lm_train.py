@@ -292,16 +292,62 @@ def embed(lm: SpeechLM, examples: Sequence[Example]) -> tuple[Tensor, Tensor]:
     return inputs, targets
 
 
-def hidden_states(lm: SpeechLM, x: Tensor, dropout: float = 0.0) -> Tensor:
+@dataclass
+class Prior:
+    """An alignment prior for training (a guided-attention loss, as in DC-TTS): in
+    `layers`, each head's attention from a speech position over the text, renormalized
+    over the text alone, is penalized off the diagonal. Where attention goes between
+    text and the speech so far is left free; only where in the text it reads is not.
+    Speech query n of N and text key t of T cost 1 - exp(-(n/N - t/T)^2 / 2 width^2)."""
+
+    layers: tuple[int, ...]
+    cost: Tensor  # [b, L, L]; 0 wherever the query is not speech or the key not text
+    text: Tensor  # [b, L] bool, the text keys
+    queries: Tensor  # [b, L] bool, the speech queries (task id and speech)
+    losses: list[Tensor] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, examples: Sequence[Example], length: int, layers: tuple[int, ...], width: float):
+        b = len(examples)
+        cost = torch.zeros(b, length, length)
+        text = torch.zeros(b, length, dtype=torch.bool)
+        queries = torch.zeros(b, length, dtype=torch.bool)
+        for i, ex in enumerate(examples):
+            t, n = len(ex.text), len(ex.speech) + 1  # queries: the task id and each token
+            q = torch.arange(n, dtype=torch.float32)[:, None] / n
+            k = torch.arange(t, dtype=torch.float32)[None, :] / t
+            cost[i, t + 1 : t + 1 + n, 1 : 1 + t] = 1 - torch.exp(-((q - k) ** 2) / (2 * width**2))
+            text[i, 1 : 1 + t] = True
+            queries[i, t + 1 : t + 1 + n] = True
+        return cls(layers, cost, text, queries)
+
+    def add(self, q: Tensor, k: Tensor) -> None:
+        """One layer's loss from its rotated queries and keys [b, heads, L, d]."""
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~self.text[:, None, None, :].to(q.device), -math.inf)
+        att = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no text key: 0
+        per_query = (att * self.cost[:, None].to(q.device)).sum(-1)  # [b, heads, L]
+        mask = self.queries[:, None].to(q.device).expand_as(per_query)
+        self.losses.append(per_query[mask].mean())
+
+    @property
+    def loss(self) -> Tensor:
+        return torch.stack(self.losses).mean()
+
+
+def hidden_states(
+    lm: SpeechLM, x: Tensor, dropout: float = 0.0, prior: Prior | None = None
+) -> Tensor:
     """The decoder over whole sequences [b, L, hidden] with a causal mask (the modules and
     arithmetic of `SpeechLM.forward_embeds`, without a KV pool); returns the final-normed
-    hidden states [b, L, hidden]. Right padding never reaches a real position."""
+    hidden states [b, L, hidden]. Right padding never reaches a real position. With a
+    `prior`, its layers' attention adds to `prior.losses`."""
     cfg = lm.cfg
     b, t, _ = x.shape
     cos, sin = lm._rope(torch.arange(t, device=x.device)[None])
     backbone = lm.llm.model.model
     rep = cfg.heads // cfg.kv_heads
-    for layer in cast(list[DecoderLayer], backbone.layers):
+    for i, layer in enumerate(cast(list[DecoderLayer], backbone.layers)):
         att = layer.self_attn
         h = layer.input_layernorm(x)
         q = att.q_proj(h).view(b, t, cfg.heads, cfg.head_dim).transpose(1, 2)
@@ -311,6 +357,8 @@ def hidden_states(lm: SpeechLM, x: Tensor, dropout: float = 0.0) -> Tensor:
         k = k * cos + _rotate_half(k) * sin
         k = k.repeat_interleave(rep, dim=1)
         v = v.repeat_interleave(rep, dim=1)
+        if prior is not None and i in prior.layers:
+            prior.add(q, k)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         a = att.o_proj(out.transpose(1, 2).reshape(b, t, -1))
         x = x + F.dropout(a, dropout, lm.training)
@@ -319,11 +367,13 @@ def hidden_states(lm: SpeechLM, x: Tensor, dropout: float = 0.0) -> Tensor:
     return backbone.norm(x)
 
 
-def loss_of(lm: SpeechLM, examples: Sequence[Example], dropout: float = 0.0) -> tuple[Tensor, int]:
+def loss_of(
+    lm: SpeechLM, examples: Sequence[Example], dropout: float = 0.0, prior: Prior | None = None
+) -> tuple[Tensor, int]:
     """(mean cross-entropy over the batch's targets, number of targets). The speech head
     is computed at target positions only."""
     inputs, targets = embed(lm, examples)
-    h = hidden_states(lm, inputs, dropout)
+    h = hidden_states(lm, inputs, dropout, prior)
     keep = targets != IGNORE
     logits = lm.llm_decoder(h[keep])
     return F.cross_entropy(logits, targets[keep]), int(keep.sum())
@@ -371,11 +421,15 @@ class Hyper:
     lr: float = 1e-3
     warmup: int = 100  # steps of linear warm-up
     decay_steps: int = 0  # 0: constant after warm-up; else cosine to lr / 10 by this step
-    weight_decay: float = 0.01  # on matrices only (not norms, biases, embeddings)
+    weight_decay: float = 0.1  # on matrices only (not norms, biases, embeddings)
     clip: float = 1.0
     batch_positions: int = 2000  # padded sequence positions per batch
     join: float = 0.3  # probability that an example has another utterance as its prompt
-    dropout: float = 0.1
+    dropout: float = 0.2
+    # the alignment prior (`Prior`): its weight, the layers it holds, its width
+    prior: float = 1.0
+    prior_layers: tuple[int, ...] = (1, 2)
+    prior_width: float = 0.2
     seed: int = 0
     checkpoint_s: float = 300.0  # seconds between checkpoints (and held-out evaluations)
     log_every: int = 10  # steps per log row
@@ -415,6 +469,7 @@ class Trainer:
     positions_seen: int = 0
     skipped: int = 0  # batches whose loss or gradient was not finite (`update`)
     extra: dict[str, Any] = field(default_factory=dict)
+    last_prior: float = 0.0  # the alignment prior's loss at the last step
 
     @classmethod
     def fresh(cls, cfg: LMConfig, hyper: Hyper) -> Trainer:
@@ -426,8 +481,16 @@ class Trainer:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.lm.train()
-        loss, n = loss_of(self.lm, examples, self.hyper.dropout)
-        if update(self.opt, self.lm.parameters(), loss, self.hyper.clip) is None:
+        h = self.hyper
+        prior = None
+        layers = tuple(i for i in h.prior_layers if i < self.lm.cfg.layers)
+        if h.prior > 0 and layers:
+            length = max(e.positions for e in examples)
+            prior = Prior.of(examples, length, layers, h.prior_width)
+        loss, n = loss_of(self.lm, examples, h.dropout, prior)
+        self.last_prior = float(prior.loss.detach()) if prior else 0.0
+        total = loss + h.prior * prior.loss if prior else loss
+        if update(self.opt, self.lm.parameters(), total, h.clip) is None:
             self.skipped += 1
         self.step += 1
         self.targets_seen += n
@@ -502,6 +565,7 @@ LOG_COLUMNS = (
     "seconds",
     "lr",
     "loss",
+    "prior",
     "positions_per_s",
     "speech_tokens_per_s",
     "train_ce",
@@ -585,6 +649,7 @@ def train(
         start_ce = (round(ce_train, 4), round(ce_held, 4))
     last_save = time.monotonic()
     window: list[float] = []
+    priors: list[float] = []
     w_t0, w_pos, w_tgt = time.monotonic(), tr.positions_seen, tr.targets_seen
     run_pos0, run_tgt0, run_t = tr.positions_seen, tr.targets_seen, 0.0
     batches = tr.batches(train_set)
@@ -592,6 +657,7 @@ def train(
     while time.monotonic() - wall0 + reserve + dt < budget_s:
         t0 = time.monotonic()
         window.append(tr.train_step(next(batches)))
+        priors.append(tr.last_prior)
         dt = time.monotonic() - t0
         tr.seconds += dt
         run_t += dt
@@ -601,11 +667,12 @@ def train(
             row |= {
                 "lr": f"{learning_rate(h, tr.step - 1):.2e}",
                 "loss": f"{sum(window) / len(window):.4f}",
+                "prior": f"{sum(priors) / len(priors):.4f}",
                 "positions_per_s": f"{(tr.positions_seen - w_pos) / span:.0f}",
                 "speech_tokens_per_s": f"{(tr.targets_seen - w_tgt) / span:.0f}",
             }
             _log_row(log, row)
-            window = []
+            window, priors = [], []
             w_t0, w_pos, w_tgt = time.monotonic(), tr.positions_seen, tr.targets_seen
         if time.monotonic() - last_save > h.checkpoint_s:
             _, _, reserve = checkpoint()
