@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from voiceagent.bench import chunks
 from voiceagent.bench.first_packet import SLICES
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.engine.lm_prefix import PrefixCache
@@ -420,3 +421,19 @@ def test_a_warm_voice_is_primed_before_its_first_turn(small):
         assert cold.acoustic.warmed.wait(5) and not cold.acoustic.primed_voices()
     finally:
         cold.stop()
+
+
+def test_chunk_cost_bench_prices_each_flow_window_in_time_and_mel(small) -> None:
+    """`bench --scenario chunk-cost`: early vs late chunk cost for the linear path, the
+    reference's recompute and each flow window, with how far each window moves the mel.
+    Shorter here than the bench's 20 chunks of 25 tokens: 8 chunks of 10 tokens (3.2 s).
+    A window that holds the whole turn changes nothing; a shorter one forgets frames and
+    moves the mel."""
+    report = chunks.measure(small, chunk=10, chunks=8, windows_s=(3.2, 2, 1))
+    for row in (report["linear"], report["recompute"], *report["windows"].values()):
+        assert row["chunk1_ms"] > 0 and row["chunk20_ms"] > 0 and row["ratio"] > 0
+    windows = report["windows"]
+    assert set(windows) == {"3.2", "2", "1"}
+    assert windows["3.2"]["mel_max_abs"] == 0.0
+    assert 0 < windows["2"]["mel_rel_rms"] <= windows["1"]["mel_rel_rms"]
+    assert "window 1 s" in chunks.table(report)

@@ -110,3 +110,41 @@ def test_serve_without_a_model_speaks_with_the_shipped_voice_when_there_is_one(
     assert not model.random_weights and export.NAME in model.voices
     assert "voiceagent's own voice" in caplog.text
     assert checkpoint.load_model("tiny", "cpu").random_weights
+
+
+def test_the_trained_lm_serves_through_sglang_as_the_embedded_engine_decodes(
+    trained: Path, tmp_path: Path
+) -> None:
+    """Our own voice's LM exports for SGLang as CosyVoice2's does, and a real SGLang
+    server decodes from it greedily what the embedded engine decodes."""
+    from conftest import run
+    from test_sglang import SGLANG_PYTHON, SGLangServer
+
+    from voiceagent.engine.embedded import EmbeddedEngine
+    from voiceagent.engine.sglang.client import SGLangLM
+    from voiceagent.engine.sglang.export import export_sglang
+    from voiceagent.model.sampling import SamplingParams
+
+    if not SGLANG_PYTHON.exists():
+        pytest.skip(f"SGLang is not installed at {SGLANG_PYTHON} (bash deploy/setup-sglang.sh)")
+    model = load(export.write(trained, tmp_path / "voice"))
+    voice = model.voices[export.NAME]
+    text = model.tokenizer.encode(normalize("Have a nice day.", "auto"))
+
+    async def tokens(lm: object) -> list[int]:
+        gen = torch.Generator().manual_seed(0)
+        stream = lm.generate(text, voice, SamplingParams(temperature=0.0), gen, 4, 30)  # type: ignore[attr-defined]
+        return [t async for new in stream for t in new]
+
+    out = tmp_path / "sglang"
+    export_sglang(model, out)
+    server = SGLangServer(out, tmp_path / "sglang.log")
+    embedded = EmbeddedEngine(model)
+    embedded.start()
+    try:
+        theirs = run(tokens(SGLangLM(model, server.url, out)))
+        ours = run(tokens(embedded.lm))
+    finally:
+        embedded.stop()
+        server.kill()
+    assert 4 <= len(ours) <= 30 and theirs == ours

@@ -35,11 +35,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         model = load_model(args.model or str(chunks.ensure_full_random()), args.device)
         report = chunks.measure(model, repeats=args.repeats)
-        text = "\n".join(
-            f"{mode:<10} chunk 1: {report[mode]['chunk1_ms']:>9} ms   chunk 20: "
-            f"{report[mode]['chunk20_ms']:>9} ms   ratio {report[mode]['ratio']}"
-            for mode in ("linear", "recompute")
-        )
+        text = chunks.table(report)
     elif args.scenario == "first-packet":
         from . import chunks, first_packet
 

@@ -7,7 +7,10 @@ time is measured for chunk 1 and chunk 20:
 - linear: voiceagent's streaming path (flow caches, vocoder overlap state);
 - recompute: the reference's strategy, reimplemented as a baseline: for every chunk the
   flow re-runs over the whole token prefix (static 25-token chunk mask) and the new
-  frames are cut from the end; the vocoder then runs on those frames as in `linear`.
+  frames are cut from the end; the vocoder then runs on those frames as in `linear`;
+- windows: `linear` with the flow reading back at most a window of the turn's own past
+  (`engine.flow_window_s`), for each of WINDOWS_S seconds, with how far its mel moves
+  from the unwindowed mel over the 20 chunks (the price of the bound).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 25  # tokens per chunk (one second of speech)
 CHUNKS = 20
+WINDOWS_S = (20, 8, 4)  # flow windows measured, seconds (serve's default is 20)
 
 
 def default_full_random_dir() -> Path:
@@ -43,48 +47,91 @@ def ensure_full_random() -> Path:
 
 
 @torch.inference_mode()
-def measure(model: SpeechModel, repeats: int = 1) -> dict[str, Any]:
+def measure(
+    model: SpeechModel,
+    repeats: int = 1,
+    chunk: int = CHUNK,
+    chunks: int = CHUNKS,
+    windows_s: tuple[float, ...] = WINDOWS_S,
+) -> dict[str, Any]:
+    """The report; `chunk`, `chunks` and `windows_s` are other than the defaults only in
+    tests (the keys keep their names: `chunk20_ms` is then the last chunk's)."""
     voice = next(iter(model.voices.values()))
     gen = torch.Generator().manual_seed(0)
-    n_tokens = CHUNK * CHUNKS
+    n_tokens = chunk * chunks
     tokens = torch.randint(0, 6561, (n_tokens + model.pre_lookahead,), generator=gen).tolist()
     dev = model.device
     spk = voice.embedding[None].to(dev)
     flow: Any = model.flow
     results: dict[str, dict[str, list[float]]] = {"linear": {}, "recompute": {}}
 
-    for _ in range(repeats):
-        fstate, vstate = model.flow.initial_state(voice), model.vocoder.initial_state()
-        times = []
-        for k in range(CHUNKS):
-            chunk = tokens[k * CHUNK : (k + 1) * CHUNK + model.pre_lookahead]
+    def stream(flow: Any) -> tuple[list[float], torch.Tensor]:
+        """Per-chunk flow + vocoder ms, and the whole mel."""
+        fstate, vstate = flow.initial_state(voice), model.vocoder.initial_state()
+        times, mels = [], []
+        for k in range(chunks):
+            ids = tokens[k * chunk : (k + 1) * chunk + model.pre_lookahead]
             t0 = time.perf_counter()
-            mel, fstate = model.flow.forward_chunk(torch.tensor([chunk], device=dev), spk, fstate)
+            mel, fstate = flow.forward_chunk(torch.tensor([ids], device=dev), spk, fstate)
             _, vstate = model.vocoder.forward_chunk(mel, vstate, False)
             times.append((time.perf_counter() - t0) * 1000)
+            mels.append(mel)
+        return times, torch.cat(mels, dim=2)
+
+    full_mel = None
+    windows: dict[str, dict[str, list[float]]] = {f"{w:g}": {} for w in windows_s}
+    deviation: dict[str, dict[str, float]] = {}
+    for _ in range(repeats):
+        times, full_mel = stream(flow)
         results["linear"].setdefault("c1", []).append(times[0])
         results["linear"].setdefault("c20", []).append(times[-1])
+        for w in windows_s:
+            times, mel = stream(flow.windowed(round(w * 25)))
+            windows[f"{w:g}"].setdefault("c1", []).append(times[0])
+            windows[f"{w:g}"].setdefault("c20", []).append(times[-1])
+            err = (mel - full_mel).float()
+            deviation[f"{w:g}"] = {
+                "mel_max_abs": round(float(err.abs().max()), 4),
+                "mel_rel_rms": round(float(err.norm() / full_mel.float().norm()), 5),
+            }
 
         assert voice.prompt_mel is not None, "the benchmark voice needs a prompt mel"
         prompt_tokens = torch.tensor([voice.prompt_tokens], device=dev)
         prompt_mel = voice.prompt_mel[None].to(dev)
         times = []
-        for k in (0, CHUNKS - 1):  # each recompute is independent of the ones before it
+        for k in (0, chunks - 1):  # each recompute is independent of the ones before it
             vstate = model.vocoder.initial_state()
-            prefix = torch.tensor([tokens[: (k + 1) * CHUNK]], device=dev)
+            prefix = torch.tensor([tokens[: (k + 1) * chunk]], device=dev)
             t0 = time.perf_counter()
             mel = flow.synthesize(prefix, prompt_tokens, prompt_mel, spk, blocks=CHUNK)
-            _, vstate = model.vocoder.forward_chunk(mel[:, :, -2 * CHUNK :], vstate, False)
+            _, vstate = model.vocoder.forward_chunk(mel[:, :, -2 * chunk :], vstate, False)
             times.append((time.perf_counter() - t0) * 1000)
         results["recompute"].setdefault("c1", []).append(times[0])
         results["recompute"].setdefault("c20", []).append(times[-1])
 
-    report: dict[str, Any] = {"model": model.name, "chunk_tokens": CHUNK}
+    report: dict[str, Any] = {"model": model.name, "chunk_tokens": chunk}
     for mode, r in results.items():
-        c1, c20 = statistics.median(r["c1"]), statistics.median(r["c20"])
-        report[mode] = {
-            "chunk1_ms": round(c1, 1),
-            "chunk20_ms": round(c20, 1),
-            "ratio": round(c20 / c1, 2),
-        }
+        report[mode] = _costs(r)
+    report["windows"] = {w: {**_costs(r), **deviation[w]} for w, r in windows.items()}
     return report
+
+
+def _costs(r: dict[str, list[float]]) -> dict[str, float]:
+    c1, c20 = statistics.median(r["c1"]), statistics.median(r["c20"])
+    return {"chunk1_ms": round(c1, 1), "chunk20_ms": round(c20, 1), "ratio": round(c20 / c1, 2)}
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [(mode, report[mode]) for mode in ("linear", "recompute")]
+    rows += [(f"window {w} s", r) for w, r in report["windows"].items()]
+    lines = [
+        f"{mode:<13} chunk 1: {r['chunk1_ms']:>9} ms   chunk 20: {r['chunk20_ms']:>9} ms   "
+        f"ratio {r['ratio']}"
+        + (
+            f"   mel vs no window: max {r['mel_max_abs']}, relative RMS {r['mel_rel_rms']}"
+            if "mel_rel_rms" in r
+            else ""
+        )
+        for mode, r in rows
+    ]
+    return "\n".join(lines)
