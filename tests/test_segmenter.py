@@ -52,3 +52,33 @@ def test_nothing_is_emitted_for_whitespace():
 
 def test_a_newline_ends_a_sentence():
     assert feed(["Ok\nNext line"]) == ["Ok", "Next line"]
+
+
+def test_a_title_or_a_short_month_does_not_end_a_sentence():
+    assert feed(["Please ask for Dr. Jones at St. Mary's. Thanks."]) == [
+        "Please ask for Dr. Jones at St. Mary's.",
+        "Thanks.",
+    ]
+    out = feed(["Your payment is due Jan. 5. Call us."])
+    assert out == ["Your payment is due Jan. 5.", "Call us."]
+
+
+def test_an_initialism_ends_a_sentence_only_before_a_capital():
+    out = feed(["Open until 5 p.m. on weekdays. Bye."])
+    assert out == ["Open until 5 p.m. on weekdays.", "Bye."]
+    assert feed(["We close at 5 p.m. Call back tomorrow."]) == [
+        "We close at 5 p.m.",
+        "Call back tomorrow.",
+    ]
+    seg = Segmenter()
+    assert seg.push("Take forms, e.g. ") == []  # what follows decides
+    assert seg.push("a letter.") == []
+    assert seg.flush() == ["Take forms, e.g. a letter."]
+
+
+def test_the_comma_of_a_date_or_a_number_pair_is_not_a_clause():
+    # the first segment may end at a clause, but not between "July 13th," and its year
+    out = feed(["We opened on July 13th, 1955 in Chicago, and never closed."])
+    assert out[0] == "We opened on July 13th, 1955 in Chicago,"
+    deltas = ["We opened on July 13th,", " ", "1955 in Chicago, and never closed."]
+    assert feed(deltas) == out
