@@ -59,3 +59,8 @@ def test_a_tokens_centroid_is_its_two_mel_frames() -> None:
     assert np.allclose(mel[0:2], mel[2:4])
     # and encoding that mel gives the tokens back
     assert book.encode(mel).tolist() == [3, 3, 9]
+    # a token past the codebook (the LM's vocabulary is larger) is the quietest centroid
+    quiet = int((book.centroids.numpy() * book.std + book.mean).mean(axis=1).argmin())
+    assert np.array_equal(
+        check.centroid_mel(book, np.array([6000])), check.centroid_mel(book, np.array([quiet]))
+    )

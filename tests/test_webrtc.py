@@ -98,9 +98,14 @@ def test_turn_over_data_channel_and_paced_audio_track(server):
     assert loud[-1] - loud[0] + 1 >= 0.5 * sent_ms / 20
     tail = [f for f in frames if f[2] > done_at + 0.6]
     assert len(tail) >= 10 and all(f[1] <= SILENT_RMS for f in tail)
-    # real-time pacing: frames arrive at 50 per second, not in a burst
-    span = frames[-1][2] - frames[0][2]
-    assert span == pytest.approx(len(frames) * 0.02, abs=0.25)
+    # real-time pacing: frames arrive at 50 per second, not in a burst. The slope of
+    # arrival time over frame index, not the first-to-last span: a receiver stalled for a
+    # moment by a busy machine reads the queued frames at once (CI saw a 3.89 s span for
+    # 4.16 s of frames), which a fit over all frames barely notices; a sender that sent
+    # the turn's audio as fast as it is made would pull the slope far under 20 ms.
+    arrival = np.array([f[2] for f in frames])
+    slope = float(np.polyfit(np.arange(len(arrival)), arrival, 1)[0])
+    assert slope == pytest.approx(0.02, rel=0.2)
     # lip sync: the turn's start is placed on the track once, and every frame has a level
     turn = events[0]["turn"]
     syncs = [e for e in peer.seen if e["type"] == "audio.sync"]

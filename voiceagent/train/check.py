@@ -59,9 +59,12 @@ def griffin_lim(mel: np.ndarray, iterations: int = GL_ITERATIONS, seed: int = 0)
 
 
 def centroid_mel(book: tokens.Codebook, ids: np.ndarray) -> np.ndarray:
-    """Speech tokens [n] -> mel [2n, 80]: each token's centroid, un-normalized."""
-    pairs = book.centroids.numpy()[np.asarray(ids, dtype=np.int64)] * book.std + book.mean
-    return pairs.reshape(-1, MEL_BINS).astype(np.float32)
+    """Speech tokens [n] -> mel [2n, 80]: each token's centroid, un-normalized. A token
+    the codebook does not have (an LM may sample any of its 6,561) is the quietest one."""
+    pairs = book.centroids.numpy() * book.std + book.mean
+    ids = np.asarray(ids, dtype=np.int64)
+    ids = np.where(ids < len(pairs), ids, int(pairs.mean(axis=1).argmin()))
+    return pairs[ids].reshape(-1, MEL_BINS).astype(np.float32)
 
 
 def _parts(work: Path, n: int) -> Iterator[tuple[str, Callable[[feats.Utterance], np.ndarray]]]:
