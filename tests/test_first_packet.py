@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ import torch
 from voiceagent.bench import chunks
 from voiceagent.bench.first_packet import SLICES
 from voiceagent.engine.embedded import EmbeddedEngine
+from voiceagent.engine.lm_engine import EmbeddedLM
 from voiceagent.engine.lm_prefix import PrefixCache
 from voiceagent.model import checkpoint
 from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
@@ -88,6 +89,9 @@ def test_first_packet_bench_reports_slices_that_add_up(small_dir):
     # reference chunking is on the grid
     grid = [report[m]["mel_vs_reference_grid"] for m in ("baseline", "optimized")]
     assert grid[0]["rel_rms"] > 0 and grid[1]["rel_rms"] == pytest.approx(grid[0]["rel_rms"], 0.5)
+    # the baseline's flow is float32 itself; the optimized int8 one moves the mel a little
+    assert report["baseline"]["flow_precision_error"]["max_abs"] == 0
+    assert 0 < report["optimized"]["flow_precision_error"]["max_abs"] < 0.1
     on_grid = report["reference_chunking"]
     assert on_grid["mel_vs_reference_grid"]["max_abs"] < 1e-4 * grid[0]["max_abs"] + 1e-5
     assert on_grid["first_chunk_tokens"] == 25  # the agent voice's prompt: 50 tokens
@@ -345,8 +349,14 @@ def test_an_int8_estimator_streams_within_its_bound_of_the_float32_flow(small):
     int8 = reduced_flow(flow, "int8")
     assert int8 is not flow and reduced_flow(flow, "int8") is int8
     assert reduced_flow(flow, "float32") is flow
+    # every layer of the estimator is a Linear (convolutions as matrix products), and each
+    # one is int8 but those of the first ResNet block, which reads inputs of unlike scales
+    float_layers = [
+        name for name, m in int8.estimator.named_modules() if type(m) is torch.nn.Linear
+    ]
+    assert float_layers and all(n.startswith("down_blocks.0.0.") for n in float_layers)
+    assert not any(isinstance(m, torch.nn.Conv1d) for m in int8.estimator.modules())
     layers = list(int8.estimator.modules())
-    assert not any(isinstance(m, torch.nn.Linear) for m in layers)  # each one replaced
     assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in layers)
     voice = small.voices["agent"]
     gen = torch.Generator().manual_seed(0)
@@ -408,17 +418,27 @@ def test_a_reference_chunking_turn_cuts_its_chunks_on_the_models_grid(small):
 
 def test_a_warm_voice_is_primed_before_its_first_turn(small):
     voice = small.voices["agent"]
-    engine = EmbeddedEngine(small, 1, warm=[voice])
+    engine = EmbeddedEngine(small, 1, warm=[voice], warm_hold_backs=[4])
     engine.start()
     try:
-        assert engine.acoustic.warmed.wait(60)
-        assert engine.acoustic.primed_voices() == {"agent"}  # before any turn
+        assert engine.wait_warm(60)
+        # before any turn: the flow state primed, the vocoder variant turns use made
+        # (and run once), the LM's prompt prefix computed
+        assert engine.acoustic.primed_voices() == {"agent"}
+        assert set(engine.acoustic._vocoders) == {(4, 0)}
+        lm = cast(EmbeddedLM, engine.lm)
+        assert lm.prefix_cache is not None and lm.prefix_cache.misses == 1
+        asyncio.run(_run(engine, "Hello."))
+        assert lm.prefix_cache.misses == 1 and lm.prefix_cache.hits == 1  # the turn's
+        assert lm._free == list(range(lm.max_batch))  # the rehearsal kept no KV slot
     finally:
         engine.stop()
     cold = EmbeddedEngine(small, 1)
     cold.start()
     try:
-        assert cold.acoustic.warmed.wait(5) and not cold.acoustic.primed_voices()
+        assert cold.wait_warm(5) and not cold.acoustic.primed_voices()
+        cold_cache = cast(EmbeddedLM, cold.lm).prefix_cache
+        assert cold_cache is not None and cold_cache.misses == 0
     finally:
         cold.stop()
 
@@ -430,7 +450,12 @@ def test_chunk_cost_bench_prices_each_flow_window_in_time_and_mel(small) -> None
     A window that holds the whole turn changes nothing; a shorter one forgets frames and
     moves the mel."""
     report = chunks.measure(small, chunk=10, chunks=8, windows_s=(3.2, 2, 1))
-    for row in (report["linear"], report["recompute"], *report["windows"].values()):
+    for row in (
+        report["linear"],
+        report["linear_int8"],
+        report["recompute"],
+        *report["windows"].values(),
+    ):
         assert row["chunk1_ms"] > 0 and row["chunk20_ms"] > 0 and row["ratio"] > 0
     windows = report["windows"]
     assert set(windows) == {"3.2", "2", "1"}

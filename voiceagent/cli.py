@@ -63,6 +63,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
         # the model's first voice, what a session speaks in when it names none
         warm=list(model.voices.values())[:1],
+        warm_hold_backs=[h] if (h := settings.playout.vocoder_hold_back) >= 0 else [],
     )
 
 

@@ -8,6 +8,9 @@ time is measured for chunk 1 and chunk 20:
 - recompute: the reference's strategy, reimplemented as a baseline: for every chunk the
   flow re-runs over the whole token prefix (static 25-token chunk mask) and the new
   frames are cut from the end; the vocoder then runs on those frames as in `linear`;
+- linear_int8: `linear` with the int8 estimator (`engine.flow_precision = "int8"`, what
+  the first-packet bench's optimized mode runs): its chunk 1 is cheaper, attention over
+  the past is not, so its ratio is the larger;
 - windows: `linear` with the flow reading back at most a window of the turn's own past
   (`engine.flow_window_s`), for each of WINDOWS_S seconds, with how far its mel moves
   from the unwindowed mel over the 20 chunks (the price of the bound).
@@ -23,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..model.quantize import reduced_flow
 from ..model.speech_model import SpeechModel
 
 log = logging.getLogger(__name__)
@@ -63,7 +67,8 @@ def measure(
     dev = model.device
     spk = voice.embedding[None].to(dev)
     flow: Any = model.flow
-    results: dict[str, dict[str, list[float]]] = {"linear": {}, "recompute": {}}
+    results: dict[str, dict[str, list[float]]] = {"linear": {}, "linear_int8": {}, "recompute": {}}
+    int8 = reduced_flow(flow, "int8")
 
     def stream(flow: Any) -> tuple[list[float], torch.Tensor]:
         """Per-chunk flow + vocoder ms, and the whole mel."""
@@ -85,6 +90,9 @@ def measure(
         times, full_mel = stream(flow)
         results["linear"].setdefault("c1", []).append(times[0])
         results["linear"].setdefault("c20", []).append(times[-1])
+        times, _ = stream(int8)
+        results["linear_int8"].setdefault("c1", []).append(times[0])
+        results["linear_int8"].setdefault("c20", []).append(times[-1])
         for w in windows_s:
             times, mel = stream(flow.windowed(round(w * 25)))
             windows[f"{w:g}"].setdefault("c1", []).append(times[0])
@@ -122,7 +130,7 @@ def _costs(r: dict[str, list[float]]) -> dict[str, float]:
 
 
 def table(report: dict[str, Any]) -> str:
-    rows = [(mode, report[mode]) for mode in ("linear", "recompute")]
+    rows = [(mode, report[mode]) for mode in ("linear", "linear_int8", "recompute")]
     rows += [(f"window {w} s", r) for w, r in report["windows"].items()]
     lines = [
         f"{mode:<13} chunk 1: {r['chunk1_ms']:>9} ms   chunk 20: {r['chunk20_ms']:>9} ms   "

@@ -34,7 +34,7 @@ import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -320,6 +320,47 @@ def hold_back_error(
     }
 
 
+def _streamed_mel(
+    model: SpeechModel,
+    flow: FlowStage,
+    voice: Voice,
+    ids: list[int],
+    schedule: tuple[int, ...],
+    grid: bool = False,
+) -> torch.Tensor:
+    """`flow`'s mel of `ids`, streamed in chunks cut as `schedule` cuts a turn (with a
+    grid state and chunks on its grid if `grid`)."""
+    look, dev = model.pre_lookahead, model.device
+    padded = ids + [PAD_TOKEN] * look
+    spk = voice.embedding[None].to(dev)
+    state, mels, done, i = flow.initial_state(voice, grid), [], 0, 0
+    if grid:
+        schedule = tuple(cast(Any, flow).grid_sizes(len(voice.prompt_tokens), len(ids)))
+    while done < len(ids):
+        n = min(schedule[min(i, len(schedule) - 1)], len(ids) - done)
+        chunk = torch.tensor([padded[done : done + n + look]], device=dev)
+        mel, state = flow.forward_chunk(chunk, spk, state)
+        mels.append(mel.float())
+        done, i = done + n, i + 1
+    return torch.cat(mels, 2)
+
+
+def _mel_distance(mel: torch.Tensor, reference: torch.Tensor) -> dict[str, float]:
+    """The largest difference, and the RMS of the difference relative to the reference's
+    own RMS around its mean (log-mel)."""
+    diff = mel - reference
+    spread = (reference - reference.mean()).pow(2).mean().sqrt().clamp(min=1e-12)
+    return {
+        "max_abs": round(float(diff.abs().max()), 5),
+        "rel_rms": round(float(diff.pow(2).mean().sqrt() / spread), 5),
+    }
+
+
+def _random_ids(tokens: int) -> list[int]:
+    gen = torch.Generator().manual_seed(0)
+    return cast(list[int], torch.randint(0, 6561, (tokens,), generator=gen).tolist())
+
+
 @torch.inference_mode()
 def grid_deviation(
     model: SpeechModel,
@@ -331,42 +372,34 @@ def grid_deviation(
 ) -> dict[str, float] | None:
     """The streamed mel (of `stream_flow`, default the model's) with `schedule` against
     the released streaming grid of the model's flow (one pass with the static 25-token
-    chunk mask from the first prompt token), on `tokens` random tokens: the largest
-    difference and the RMS of the difference relative to the mel's own RMS around its
-    mean (log-mel). None for a flow without that offline pass. `grid`: a grid state
-    and chunks on the grid (`chunking: reference`) instead of `schedule`."""
+    chunk mask from the first prompt token), on `tokens` random tokens (`_mel_distance`).
+    None for a flow without that offline pass. `grid`: a grid state and chunks on the
+    grid (`chunking: reference`) instead of `schedule`."""
     flow: Any = model.flow
-    streaming = stream_flow or model.flow
     if not hasattr(flow, "synthesize") or voice.prompt_mel is None:
         return None
-    look, dev = model.pre_lookahead, model.device
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 6561, (tokens,), generator=gen).tolist()
-    padded = ids + [PAD_TOKEN] * look
-    spk = voice.embedding[None].to(dev)
-    state, mels, done, i = streaming.initial_state(voice, grid), [], 0, 0
-    if grid:
-        schedule = tuple(streaming.grid_sizes(len(voice.prompt_tokens), tokens))
-    while done < tokens:
-        n = min(schedule[min(i, len(schedule) - 1)], tokens - done)
-        chunk = torch.tensor([padded[done : done + n + look]], device=dev)
-        mel, state = streaming.forward_chunk(chunk, spk, state)
-        mels.append(mel.float())
-        done, i = done + n, i + 1
-    streamed = torch.cat(mels, 2)
+    dev = model.device
+    ids = _random_ids(tokens)
+    streamed = _streamed_mel(model, stream_flow or flow, voice, ids, schedule, grid)
     reference = flow.synthesize(
         torch.tensor([ids], device=dev),
         torch.tensor([voice.prompt_tokens], device=dev),
         voice.prompt_mel[None].to(dev),
-        spk,
+        voice.embedding[None].to(dev),
         blocks=flow.cfg.static_chunk_size,
     )
-    diff = streamed - reference
-    spread = (reference - reference.mean()).pow(2).mean().sqrt().clamp(min=1e-12)
-    return {
-        "max_abs": round(float(diff.abs().max()), 5),
-        "rel_rms": round(float(diff.pow(2).mean().sqrt() / spread), 5),
-    }
+    return _mel_distance(streamed, reference)
+
+
+@torch.inference_mode()
+def precision_error(
+    model: SpeechModel, voice: Voice, schedule: tuple[int, ...], flow: FlowStage, tokens: int = 60
+) -> dict[str, float]:
+    """`flow` (a mode's reduced precision) against the model's own float32 flow, both
+    streamed with `schedule` on `tokens` random tokens (`_mel_distance`)."""
+    ids = _random_ids(tokens)
+    exact = _streamed_mel(model, model.flow, voice, ids, schedule)
+    return _mel_distance(_streamed_mel(model, flow, voice, ids, schedule), exact)
 
 
 def _summary(turns: list[dict[str, float]], first: dict[str, float]) -> dict[str, Any]:
@@ -400,6 +433,7 @@ def measure(
             first_audio_first=m.first_audio_first,
             flow_window=None if m.flow_window_s is None else round(m.flow_window_s * 25),
             warm=[voice] if m.warm else [],
+            warm_hold_backs=[m.hold_back] if m.warm and m.hold_back is not None else [],
         )
         for name, m in modes.items()
     }
@@ -424,7 +458,7 @@ def measure(
         # set the mode's before it starts.
         torch.set_num_threads(modes[name].threads or threads)
         e.start()
-        e.acoustic.warmed.wait()  # as a server warms up before its first session
+        e.wait_warm()  # as a server warms up before its first session
     try:
         asyncio.run(run())
     finally:
@@ -442,6 +476,7 @@ def measure(
                 k: round(v, 6) for k, v in hold_back_error(model, voice, mode).items()
             },
             "mel_vs_reference_grid": grid_deviation(model, voice, mode.schedule, flow),
+            "flow_precision_error": precision_error(model, voice, mode.schedule, flow),
             "mode": asdict(mode),
         }
     report["lm_prefill"] = prefill_ms(model, voice)
@@ -494,6 +529,12 @@ def table(report: dict[str, Any]) -> str:
                 f"{n}: chunks {report[n]['mode']['schedule']}, mel vs the 25-token reference "
                 f"grid: max {g['max_abs']}, relative RMS {g['rel_rms']}"
             )
+    for n in names:
+        f = report[n]["flow_precision_error"]
+        lines.append(
+            f"{n}: flow {report[n]['mode']['flow_dtype']}, mel vs float32: max "
+            f"{f['max_abs']}, relative RMS {f['rel_rms']}"
+        )
     if (ref := report.get("reference_chunking")) and ref["mel_vs_reference_grid"]:
         lines.append(
             f"chunking reference: first chunk {ref['first_chunk_tokens']} tokens, mel vs the "

@@ -102,6 +102,7 @@ class AcousticWorker:
         flow_precision: FlowPrecision = "float32",
         flow_window: int | None = None,
         warm: Sequence[Voice] = (),
+        warm_hold_backs: Sequence[int] = (),
     ) -> None:
         """`flow_precision`: run the flow at this precision instead of the model's
         (`quantize.reduced_flow`: bfloat16 halves the cache bytes, int8 speeds up the
@@ -110,7 +111,10 @@ class AcousticWorker:
         (`FlowStage.windowed`; None: all). Batched chunks need equal-length caches, so
         "batched" keeps everything. `warm`: voices whose flow state the worker primes
         when it starts, before any chunk (`warmed` is set then), so that their first
-        turn costs what later ones do; other voices are primed at their first turn."""
+        turn costs what later ones do; other voices are primed at their first turn.
+        `warm_hold_backs`: vocoder hold-backs (`new_stream`) whose variants the warm-up
+        runs too, besides the exact vocoder (each variant's first call sets up its own
+        kernel shapes: measured 352 ms instead of 241 for a first chunk at full size)."""
         self.model = model
         self.flow = reduced_flow(model.flow, flow_precision)
         if flow_window is not None and batching == "invariant":
@@ -124,6 +128,7 @@ class AcousticWorker:
             raise ValueError(f"acoustic batching is one of {ACOUSTIC_BATCHING}, not {batching!r}")
         self.batching = batching
         self._warm = list(warm)
+        self._warm_hold_backs = list(warm_hold_backs)
         self.warmed = threading.Event()
         self.first_chunks = 0  # turns' first chunks being computed now (no audio out yet)
         self.rounds = 0  # times the worker took the waiting jobs
@@ -152,14 +157,17 @@ class AcousticWorker:
         """A turn's acoustic state; the flow state is primed on the worker thread.
         `hold_back`: mel frames the vocoder holds back for right context (None: the
         model's own, exact; fewer: approximate, see `VocoderStage.variant`)."""
-        vocoder = None
-        if hold_back is not None:
-            vocoder = self._vocoders.get((hold_back, crossfade))
-            if vocoder is None:
-                vocoder = self.model.vocoder.variant(hold_back, crossfade)
-                self._vocoders[(hold_back, crossfade)] = vocoder
+        vocoder = None if hold_back is None else self._variant(hold_back, crossfade)
         stretcher = MelStretcher(speed)
         return AcousticStream(voice, None, None, stretcher, framer, vocoder=vocoder, grid=grid)
+
+    def _variant(self, hold_back: int, crossfade: int = 0) -> VocoderStage:
+        """The vocoder variant with this hold-back, made once and shared by turns."""
+        vocoder = self._vocoders.get((hold_back, crossfade))
+        if vocoder is None:
+            vocoder = self.model.vocoder.variant(hold_back, crossfade)
+            self._vocoders[(hold_back, crossfade)] = vocoder
+        return vocoder
 
     def _primed(self, voice: Voice, grid: bool = False) -> State:
         """The flow state after the voice's prompt: computed once per voice and kind
@@ -178,7 +186,9 @@ class AcousticWorker:
         look, dev = self.model.pre_lookahead, self.model.device
         tokens = torch.tensor([[0] * 4 + [PAD_TOKEN] * look], device=dev)
         mel, _ = self.flow.forward_chunk(tokens, voice.embedding[None].to(dev), primed)
-        self.model.vocoder.forward_chunk(mel.float(), self.model.vocoder.initial_state(), True)
+        vocoders = [self.model.vocoder, *(self._variant(h) for h in self._warm_hold_backs)]
+        for vocoder in vocoders:  # a turn's first chunk (a second one may end it)
+            vocoder.forward_chunk(mel.float(), vocoder.initial_state(), False)
 
     def primed_voices(self) -> set[str]:
         """The voices whose primed flow state is cached (of either kind)."""

@@ -68,6 +68,7 @@ class EmbeddedEngine:
         first_audio_first: bool = False,
         flow_window: int | None = None,
         warm: Sequence[Voice] = (),
+        warm_hold_backs: Sequence[int] = (),
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
@@ -78,8 +79,10 @@ class EmbeddedEngine:
         layers (model/quantize.py).
         `flow_precision`: the acoustic worker's flow precision (`quantize.reduced_flow`).
         `flow_window`: speech tokens of a turn's own past its flow reads back (None: all).
-        `warm`: voices whose flow state is primed at start (their first turn is then as
-        quick as later ones; each holds its prompt's state, ~0.4 GB at full size).
+        `warm`: voices primed at start on both threads (the LM's prompt prefix and a
+        throwaway prefill, the flow state and a throwaway first chunk: their first turn
+        is then as quick as later ones; each holds its prompt's state, ~0.4 GB at full
+        size); `warm_hold_backs`: the vocoder hold-backs turns will use, warmed too.
         `first_audio_first`: while the acoustic worker computes a turn's first chunk, the
         embedded LM decodes only for turns that have no audio on the way either (the
         others sit out, as when they are far ahead), so the first audio gets the CPU."""
@@ -93,11 +96,18 @@ class EmbeddedEngine:
             prefix_cache=prefix_cache,
             int8_prefill=int8_prefill,
             int8_decode=int8_decode,
+            warm=warm,
         )
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"
         self.acoustic = AcousticWorker(
-            model, self.metrics, acoustic_batching, flow_precision, flow_window, warm
+            model,
+            self.metrics,
+            acoustic_batching,
+            flow_precision,
+            flow_window,
+            warm,
+            warm_hold_backs,
         )
         if first_audio_first and isinstance(self.lm, EmbeddedLM):
             acoustic = self.acoustic
@@ -110,6 +120,11 @@ class EmbeddedEngine:
     def start(self) -> None:
         self.lm.start()
         self.acoustic.start()
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until the `warm` voices are primed on both threads (True), or `timeout`."""
+        lm = self.lm.warmed.wait(timeout) if isinstance(self.lm, EmbeddedLM) else True
+        return lm and self.acoustic.warmed.wait(timeout)
 
     def stop(self) -> None:
         self.lm.stop()

@@ -14,6 +14,7 @@ estimator can run on a chunk of new frames per Euler step.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, cast
 
@@ -30,6 +31,34 @@ class CausalConv(nn.Conv1d):
     def __init__(self, cin: int, cout: int, kernel: int) -> None:
         super().__init__(cin, cout, kernel)
         self.cache_key = ""
+
+    def step(self, x: Tensor, cache: Cache, prefix: str) -> Tensor:
+        return cache.conv(prefix + self.cache_key, self, x)
+
+
+class MatmulConv(nn.Module):
+    """A stride-1 Conv1d computed as one matrix product over its `k` shifted inputs: the
+    same function (float rounding apart), but a Linear layer, which a quantizer that
+    knows Linear layers (`quantize_dynamic`) can make int8. Used by the fast estimator
+    (`Estimator.fast_copy`): at the mel rate a chunk has few frames, where oneDNN's
+    convolution cost several times the product (0.3-0.6 ms a call at full size)."""
+
+    def __init__(self, conv: nn.Conv1d) -> None:
+        super().__init__()
+        cout, cin, k = conv.weight.shape
+        self.kernel_size, self.in_channels = (k,), cin
+        self.cache_key = getattr(conv, "cache_key", "")
+        self.linear = nn.Linear(cin * k, cout, bias=conv.bias is not None)
+        with torch.no_grad():  # weight[o, c, j] multiplies input c at shift j: column c*k + j
+            self.linear.weight.copy_(conv.weight.reshape(cout, cin * k))
+            if conv.bias is not None:
+                self.linear.bias.copy_(conv.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """[rows, cin, frames + k - 1] -> [rows, cout, frames]."""
+        k = self.kernel_size[0]
+        cols = x.transpose(1, 2) if k == 1 else x.unfold(2, k, 1).transpose(1, 2).flatten(2)
+        return cast(Tensor, self.linear(cols)).transpose(1, 2)
 
     def step(self, x: Tensor, cache: Cache, prefix: str) -> Tensor:
         return cache.conv(prefix + self.cache_key, self, x)
@@ -96,7 +125,17 @@ class Attention(nn.Module):
         self.to_k = nn.Linear(dim, inner, bias=False)
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim), nn.Dropout(0.0)])
+        self.to_qkv: nn.Linear | None = None  # `fuse_qkv`
         self.cache_key = ""
+
+    def fuse_qkv(self) -> None:
+        """One projection for q, k and v instead of three (a third of the calls, which at
+        a chunk's few frames cost more than their arithmetic); the same values."""
+        w = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
+        self.to_qkv = nn.Linear(w.shape[1], w.shape[0], bias=False).to(w)
+        with torch.no_grad():
+            self.to_qkv.weight.copy_(w)
+        del self.to_q, self.to_k, self.to_v
 
     def forward(self, x: Tensor, cache: Cache, prefix: str, mask: Tensor | None) -> Tensor:
         b, n, _ = x.shape
@@ -104,8 +143,12 @@ class Attention(nn.Module):
         def heads(t: Tensor) -> Tensor:
             return t.view(b, n, self.heads, self.head_dim).transpose(1, 2)
 
-        q = heads(self.to_q(x))
-        k, v = cache.kv(prefix + self.cache_key, heads(self.to_k(x)), heads(self.to_v(x)))
+        if self.to_qkv is None:
+            q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        else:
+            q, k, v = self.to_qkv(x).chunk(3, dim=-1)
+        q = heads(q)
+        k, v = cache.kv(prefix + self.cache_key, heads(k), heads(v))
         shared = cache.shared(prefix + self.cache_key)
         if shared is None:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -204,12 +247,28 @@ class Estimator(nn.Module):
         self.final_block = CausalBlock(channels, channels)
         self.final_proj = nn.Conv1d(channels, out_channels, 1)
         # Name each cache slot once, in a fixed order, so a state is a flat dict.
-        self.convs = [m for m in self.modules() if isinstance(m, CausalConv)]
+        self.convs: list[CausalConv | MatmulConv] = [
+            m for m in self.modules() if isinstance(m, CausalConv)
+        ]
         self.attns = [m for m in self.modules() if isinstance(m, Attention)]
         for i, c in enumerate(self.convs):
             c.cache_key = f"c{i}"
         for i, a in enumerate(self.attns):
             a.cache_key = f"a{i}"
+
+    def fast_copy(self) -> Estimator:
+        """A copy computing the same function in fewer, larger calls: every convolution
+        a matrix product (`MatmulConv`) and each attention's q/k/v one projection. Its
+        layers are all Linear, so `quantize_dynamic` can make the whole of it int8."""
+        fast = copy.deepcopy(self)
+        for a in fast.attns:
+            a.fuse_qkv()
+        for parent in list(fast.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Conv1d):
+                    setattr(parent, name, MatmulConv(child))
+        fast.convs = [m for m in fast.modules() if isinstance(m, MatmulConv) and m.cache_key]
+        return fast
 
     def cache_shapes(self) -> dict[str, tuple[int, ...]]:
         shapes: dict[str, tuple[int, ...]] = {

@@ -35,9 +35,10 @@ class Cache:
         # most a window of them); None: grow as needed.
         self.reserve = reserve
 
-    def conv(self, key: str, conv: nn.Conv1d, x: Tensor) -> Tensor:
-        """Causal convolution: the last kernel-1 inputs of earlier chunks are the left context."""
-        ctx = conv.kernel_size[0] - 1
+    def conv(self, key: str, conv: nn.Module, x: Tensor) -> Tensor:
+        """Causal convolution (a Conv1d, or a module with its `kernel_size` that computes
+        one): the last kernel-1 inputs of earlier chunks are the left context."""
+        ctx = cast(tuple[int, ...], conv.kernel_size)[0] - 1
         if self.st is None:
             full = F.pad(x, (ctx, 0))
         else:
