@@ -261,9 +261,10 @@ def test_a_queued_turn_counts_its_first_audio_from_when_it_could_start(
     assert t1["sent_ms"] > 2500
     assert t1["ttfa_from"] == "sent" and 0 < t1["ttfa_ms"] < 3000, t1
     # measured from when the first reply ended, not from when its text was sent (which
-    # would count the ~4 s of the first reply)
+    # would count the first reply's > 2.5 s). The bound leaves room for a busy machine:
+    # the full suite beside another test process once gave 764 ms over WebRTC.
     assert t2["ttfa_from"] == "previous", t2
-    assert 0 <= t2["ttfa_ms"] < 500, (t1, t2)
+    assert 0 <= t2["ttfa_ms"] < min(1500, t1["sent_ms"] - 1000), (t1, t2)
     row = demo.page.locator(f"#turns li[data-turn-id='{t2['turn_id']}'] .meta").inner_text()
     assert f"first sound {t2['ttfa_ms']} ms after the reply before it" in row
     readout = demo.page.text_content("#ttfa") or ""

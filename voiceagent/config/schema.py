@@ -169,7 +169,8 @@ class EngineSection(Section):
     flow_precision: Literal["float32", "bfloat16", "int8"] = setting(
         "float32",
         "the acoustic worker's flow: bfloat16 halves its per-turn cache; int8 (CPU) runs "
-        "its estimator's linear layers in int8, a faster first chunk; both approximate",
+        "its estimator in int8 (its convolutions as matrix products), a faster first "
+        "chunk; both approximate",
         "--flow-precision",
     )
     flow_window_s: float = setting(

@@ -48,7 +48,7 @@ class MatmulConv(nn.Module):
         cout, cin, k = conv.weight.shape
         self.kernel_size, self.in_channels = (k,), cin
         self.cache_key = getattr(conv, "cache_key", "")
-        self.linear = nn.Linear(cin * k, cout, bias=conv.bias is not None)
+        self.linear = nn.Linear(cin * k, cout, bias=conv.bias is not None).to(conv.weight)
         with torch.no_grad():  # weight[o, c, j] multiplies input c at shift j: column c*k + j
             self.linear.weight.copy_(conv.weight.reshape(cout, cin * k))
             if conv.bias is not None:
