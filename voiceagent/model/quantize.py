@@ -59,15 +59,11 @@ def reduced_flow(flow: FlowStage, precision: FlowPrecision) -> FlowStage:
         copy_ = copy.deepcopy(flow).to(torch.bfloat16)
     else:
         estimator = getattr(flow, "estimator", None)
-        fast = getattr(estimator, "fast_copy", None)  # CosyVoice2's: all Linear layers
-        if fast is not None:
-            estimator = fast()
-        quantized = (
-            _int8_linears(estimator, FLOAT_ESTIMATOR_PARTS)
-            if isinstance(estimator, nn.Module)
-            else None
-        )
-        if estimator is None or quantized is None or _device(flow) != "cpu":
+        quantized = None
+        if isinstance(estimator, nn.Module) and _device(flow) == "cpu":  # CPU kernels
+            fast = getattr(estimator, "fast_copy", None)  # CosyVoice2's: all Linear layers
+            quantized = _int8_linears(fast() if fast else estimator, FLOAT_ESTIMATOR_PARTS)
+        if quantized is None:
             log.warning("int8 flow unavailable here: the flow stays float32")
             return flow
         copy_ = copy.deepcopy(flow)
