@@ -171,11 +171,13 @@ class Demo:
     def speak_sampled(
         self, text: str, until: tuple[str, ...] = ("done",)
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """Speak `text`, sample the page on every animation frame until the turn ends and
-        1 s more has passed; return (turn, samples)."""
+        """Speak `text`, sample the page on every animation frame until the turn ends, its
+        audio has played out and 1 s more has passed; return (turn, samples). (The turn
+        ends when its last audio arrives; a busy page may still be playing it.)"""
         self.page.evaluate(START_SAMPLER)
         index = speak(self.page, text)
         turn = wait_turn(self.page, index, until)
+        self.page.wait_for_function("() => !window.voiceagentDemo.sample().playing")
         self.page.wait_for_timeout(1000)
         samples = self.page.evaluate(STOP_SAMPLER)
         return turn, samples

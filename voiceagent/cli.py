@@ -14,6 +14,7 @@ import numpy as np
 from . import config
 from .audio.format import MODEL_RATE
 from .auth.commands import add_commands as add_auth_commands
+from .engine.memory import retain_freed_memory
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
 from .ops.logs import LEVELS, configure_logging
@@ -366,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.func in (_serve, _say, _bench):
+        # a process-wide choice, so the program makes it, before any engine thread
+        # allocates; a library user (the tests' in-process servers) keeps its own malloc
+        retain_freed_memory()
     if args.func not in (_serve, _config):  # those two know the level once settings load
         configure_logging(args.log_level or "info")
     try:

@@ -16,7 +16,6 @@ from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
 from .acoustic import AcousticBatching, AcousticWorker
 from .lm_engine import EmbeddedLM, TokenStream
-from .memory import retain_freed_memory
 
 
 class LMBackend(Protocol):
@@ -87,7 +86,6 @@ class EmbeddedEngine:
         `first_audio_first`: while the acoustic worker computes a turn's first chunk, the
         embedded LM decodes only for turns that have no audio on the way either (the
         others sit out, as when they are far ahead), so the first audio gets the CPU."""
-        retain_freed_memory()  # before the engine's threads allocate (memory.py)
         if threads:
             torch.set_num_threads(threads)
         self.model = model

@@ -8,8 +8,10 @@ write. On this project's VMs that is about 8 µs a page: a first flow chunk at f
 took 20,000-33,000 faults (100-130 MB) on every turn, and the warm-up's first chunk
 (`AcousticWorker._rehearse`) did not spare the first real turn its faults.
 
-`retain_freed_memory()` sets three mallopt parameters once for the process, before the
-engine's threads allocate: one arena for all threads (M_ARENA_MAX 1: the main heap,
+`retain_freed_memory()` sets three mallopt parameters once for the process; the programs
+that run an engine (`serve`, `say`, `bench`) call it before the engine's threads
+allocate, while code that embeds the engine (the tests' in-process servers) keeps its own
+malloc: one arena for all threads (M_ARENA_MAX 1: the main heap,
 which the next two govern), no trimming (M_TRIM_THRESHOLD at its maximum) and a fixed
 mmap threshold of 32 MB (larger blocks still go straight back to the system). Measured
 at full size on the worker thread: a repeated first chunk took 0-300 faults instead of
