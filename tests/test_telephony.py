@@ -491,7 +491,10 @@ def test_a_bot_that_keeps_its_twilio_stream_forwards_our_messages_and_barge_in_w
                 assert all(t <= call.clears[0] for t in call.media_at)
                 truth = heard_ms(call.played, call.clears[0])
                 assert cancelled["played_source"] == "report"
-                assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+                # the last mark's echo plus the time since; each message crosses the relay
+                # twice, so a busy machine adds its delay (45 ms seen beside another test
+                # process); sent-not-played would be off by seconds
+                assert abs(cancelled["played_ms"] - truth) <= 100, (cancelled, truth)
                 assert not call.violations, call.violations
                 errors = [e for e in events if e["type"] == "error"]
                 assert not errors, errors

@@ -23,6 +23,7 @@ from web_browser import (
     Demo,
     audible,
     chromium_path,
+    late_frame_ms,
     open_demo,
     open_settings,
     speak,
@@ -153,8 +154,11 @@ def test_mouth_moves_while_audio_plays_and_rests_after(demo: Demo, transport: st
     loud = audible(samples)
     open_ = [x for x in samples if x["mouth"] > 0.05]
     assert open_, "the mouth never opened"
-    assert abs(open_[0]["t"] - loud[0]["t"]) < 150, (open_[0]["t"], loud[0]["t"])
-    assert abs(open_[-1]["t"] - loud[-1]["t"]) < 200, (open_[-1]["t"], loud[-1]["t"])
+    # (plus the frames a busy machine skipped just before: a change shows only then)
+    slack = 150 + max(late_frame_ms(samples, x["t"]) for x in (open_[0], loud[0]))
+    assert abs(open_[0]["t"] - loud[0]["t"]) < slack, (open_[0]["t"], loud[0]["t"], slack)
+    slack = 200 + max(late_frame_ms(samples, x["t"]) for x in (open_[-1], loud[-1]))
+    assert abs(open_[-1]["t"] - loud[-1]["t"]) < slack, (open_[-1]["t"], loud[-1]["t"], slack)
     # ...and rests, closed, a short while after the audio ended
     after = [x["mouth"] for x in samples if x["t"] > loud[-1]["t"] + 400]
     assert after and max(after) < 0.02, after[:10]

@@ -20,6 +20,7 @@ from web_browser import (
     Demo,
     audible,
     chromium_path,
+    late_frame_ms,
     open_demo,
     open_settings,
     speak,
@@ -59,13 +60,6 @@ RESTING = (
     "() => { const s = window.voiceagentDemo.state();"
     " return !s.playing && s.botState === 'listening'; }"
 )
-
-
-def late_frame_ms(samples: list[dict[str, Any]], t: float) -> float:
-    """How long before the sample at `t` the page's previous animation frame ran: a busy
-    machine skips frames, and what changed in between shows only at `t`."""
-    before = [x["t"] for x in samples if x["t"] < t]
-    return t - before[-1] if before else 0.0
 
 
 def runs(values: list[Any]) -> list[Any]:
@@ -110,7 +104,17 @@ def test_captions_mark_each_word_as_it_is_heard(demo: Demo, transport: str) -> N
             assert starts[i] - 30 <= x["offset"] < ends[i] + 1, (x, words[i])
     order = [x["marked"] for x in marked]
     assert order == sorted(order), f"the mark went backwards: {runs(order)}"
-    missed = set(range(len(words))) - set(order)
+    # Every word the page drew a frame during is marked (but perhaps one): a busy machine
+    # skips animation frames, and a short word heard between two of them has no frame
+    # to be marked in.
+    drawn = {
+        i
+        for i in range(len(words))
+        for x in samples
+        if x["offset"] is not None and starts[i] <= x["offset"] < ends[i]
+    }
+    assert len(drawn) >= len(words) // 2, "the page drew too few frames to judge"
+    missed = drawn - set(order)
     assert len(missed) <= 1, f"words never marked: {[words[i] for i in sorted(missed)]}"
 
     # The marks follow the audio as heard: the first word with the first sound (or, if
@@ -203,11 +207,14 @@ def test_stop_silences_a_turn_the_server_has_finished_but_the_page_still_plays(
             demo.open("ws")
             index = speak(demo.page, LONG)
             wait_turn(demo.page, index, ("done",))
-            demo.page.wait_for_function(
-                "() => window.voiceagentDemo.state().botState === 'speaking'"
-            )
-            s = demo.state()
-            assert s["turns"][index]["sent_ms"] - s["playing"]["offsetMs"] > 2000
+            # (read in one go: a busy page's audio may starve for a moment while "speaking")
+            ahead = demo.page.wait_for_function(
+                "(i) => { const s = window.voiceagentDemo.state();"
+                " return s.botState === 'speaking' && s.playing"
+                " && s.turns[i].sent_ms - s.playing.offsetMs; }",
+                arg=index,
+            ).json_value()
+            assert ahead > 2000
             assert demo.page.locator("#cancel").get_attribute("aria-disabled") == "false"
             demo.page.click("#cancel")
             demo.page.wait_for_function(
@@ -261,10 +268,11 @@ def test_a_queued_turn_counts_its_first_audio_from_when_it_could_start(
     assert t1["sent_ms"] > 2500
     assert t1["ttfa_from"] == "sent" and 0 < t1["ttfa_ms"] < 3000, t1
     # measured from when the first reply ended, not from when its text was sent (which
-    # would count the first reply's > 2.5 s). The bound leaves room for a busy machine:
-    # the full suite beside another test process once gave 764 ms over WebRTC.
+    # would count the whole first reply, > 2.5 s). The bound leaves room for a busy
+    # machine: the full suite beside another test process gave 764 ms, and 1737 ms, over
+    # WebRTC.
     assert t2["ttfa_from"] == "previous", t2
-    assert 0 <= t2["ttfa_ms"] < min(1500, t1["sent_ms"] - 1000), (t1, t2)
+    assert 0 <= t2["ttfa_ms"] < t1["sent_ms"] - 500, (t1, t2)
     row = demo.page.locator(f"#turns li[data-turn-id='{t2['turn_id']}'] .meta").inner_text()
     assert f"first sound {t2['ttfa_ms']} ms after the reply before it" in row
     readout = demo.page.text_content("#ttfa") or ""
@@ -301,7 +309,7 @@ def test_stop_is_reported_the_same_way_on_both_transports(
             )
             s = d.state()
             t1, t2 = s["turns"][first], s["turns"][second]
-            assert 400 < t1["played_ms"] < t1["sent_ms"], t1
+            assert 400 < t1["played_ms"] <= t1["sent_ms"], t1  # all, if it starved
             assert t1["played_ms"] == at_click[first]["played_ms"]  # the page's own number
             metas = [
                 re.sub(

@@ -285,7 +285,11 @@ def test_barge_in_cancels_the_playing_turn(make_server, spoken):
             onset = await peer.event(("speech_started", "turn.done"), timeout=10)
             cancelled = await peer.event(("turn.cancelled", "turn.done"), timeout=10)
             at = time.monotonic()
-            await asyncio.sleep(0.8)
+            # what arrives from 0.3 s on: 10 frames at least (a busy machine delivers them
+            # late and in bursts, so wait for them rather than for a fixed time)
+            deadline = at + 5
+            while sum(f[2] > at + 0.3 for f in peer.frames) < 10 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
             return peer, onset, cancelled, at
         finally:
             await peer.close()
@@ -315,7 +319,14 @@ def test_barge_in_cancels_the_playing_turn(make_server, spoken):
     assert cancelled["played_source"] == "server"
     heard = [i for i, f in enumerate(peer.frames) if f[1] > SILENT_RMS]
     heard_ms = (heard[-1] - heard[0] + 1) * 20
-    assert -20 <= heard_ms - cancelled["played_ms"] <= 100, (cancelled["played_ms"], heard_ms)
+    # (the track fills an underrun with silence, which the span counts and the turn's
+    # audio does not: allowed for, on a machine too busy to keep up)
+    gaps_ms = sum(f[1] <= SILENT_RMS for f in peer.frames[heard[0] : heard[-1]]) * 20
+    assert -20 <= heard_ms - cancelled["played_ms"] <= 100 + gaps_ms, (
+        cancelled["played_ms"],
+        heard_ms,
+        gaps_ms,
+    )
 
 
 def test_an_offer_never_completed_times_out(make_server):

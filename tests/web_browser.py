@@ -147,6 +147,13 @@ def audible(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [s for s in samples if s["out"] > AUDIBLE]
 
 
+def late_frame_ms(samples: list[dict[str, Any]], t: float) -> float:
+    """How long before the sample at `t` the page's previous animation frame ran: a busy
+    machine skips frames, and what changed in between shows only at `t`."""
+    before = [x["t"] for x in samples if x["t"] < t]
+    return t - before[-1] if before else 0.0
+
+
 class HasHttp(Protocol):
     @property
     def http(self) -> str: ...
