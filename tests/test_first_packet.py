@@ -419,7 +419,7 @@ def test_a_reference_chunking_turn_cuts_its_chunks_on_the_models_grid(small):
     async def speak(voice: str, grid: bool) -> None:
         settings = TurnSettings(small.voices[voice], SamplingParams(seed=3), grid=grid)
         turn = Turn("t", settings, engine)
-        turn.push_text("your order shipped this morning and arrives on thursday")
+        turn.push_text("your order shipped")  # ~12 s of random speech: a dozen chunks
         turn.end_text()
         turn.start()
         while await turn.output.get() is not None:
