@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -26,10 +27,16 @@ from conftest import run
 from prometheus_client.parser import text_string_to_metric_families
 
 from voiceagent.bench.clients import Client, connect
+from voiceagent.engine.embedded import EmbeddedEngine
+from voiceagent.model.speech_model import SpeechModel
 from voiceagent.ops.logs import configure_logging
+from voiceagent.protocol.actions import SendAudio
 from voiceagent.protocol.errors import CloseCode
+from voiceagent.protocol.session import Catalog, Limits, SessionCore
 from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.session.playout import PlayoutConfig
+from voiceagent.session.port import Transport
+from voiceagent.session.runner import SessionRunner
 
 UNPACED = PlayoutConfig(lead_ms=100_000)  # audio leaves as soon as it exists
 LONG_TEXT = "This answer runs on for a while, so that it is still playing. " * 3
@@ -142,6 +149,62 @@ def test_metrics_move_as_turns_finish_cancel_and_meet_errors(make_server) -> Non
     assert value(after, "voiceagent_info", model="tiny", engine="embedded") == 1
     labels = {name for (_, pairs) in after for name, _ in pairs}
     assert labels <= ALLOWED_LABELS, f"unexpected labels: {labels - ALLOWED_LABELS}"
+
+
+class HangUpOnDone(Transport):
+    """A listener that hangs up the moment it hears `turn.done`, before anything else of
+    the server's runs (a real socket can't be made to hit that moment every time): the
+    close is the next thing the event loop runs after the event is sent."""
+
+    name = "websocket"
+
+    def __init__(self) -> None:
+        self.runner: SessionRunner | None = None
+        self.closing: asyncio.Task[None] | None = None
+
+    async def send_event(self, event: dict[str, Any]) -> None:
+        if event["type"] == "turn.done" and self.runner is not None:
+            self.closing = asyncio.get_running_loop().create_task(self.runner.close())
+
+    async def send_audio(self, frame: SendAudio) -> None:
+        pass
+
+    async def drop_turn(self, num: int) -> None:
+        pass
+
+    async def close(self, code: int, reason: str) -> None:
+        pass
+
+
+def test_a_session_closed_the_moment_its_turn_is_done_counts_the_turn_once(
+    tiny_model: SpeechModel,
+) -> None:
+    """The turn is done, not also closed: one `turn.end` line, one count (the suite once
+    logged two `turn.end` lines for one turn of a client that hung up at `turn.done`)."""
+    engine = EmbeddedEngine(tiny_model)
+    engine.start()
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    catalog = Catalog(tuple(tiny_model.voices), {}, next(iter(tiny_model.voices)))
+
+    async def go() -> None:
+        transport = HangUpOnDone()
+        runner = SessionRunner(SessionCore("s", catalog, Limits()), engine, transport)
+        transport.runner = runner
+        await runner.on_text(json.dumps({"type": "session.start"}))
+        await runner.on_text(json.dumps({"type": "speak", "text": "Hi."}))
+        await wait_until(lambda: transport.closing is not None and transport.closing.done(), 30)
+
+    try:
+        run(go())
+    finally:
+        configure_logging("warning", "text")
+        engine.stop()
+    ends = [e for e in map(json.loads, out.getvalue().splitlines()) if e["event"] == "turn.end"]
+    assert [e["outcome"] for e in ends] == ["done"]
+    turns = engine.metrics.turns
+    assert turns.labels("websocket", "done")._value.get() == 1
+    assert turns.labels("websocket", "closed")._value.get() == 0
 
 
 def test_ttfa_histogram_matches_what_the_client_was_told(make_server) -> None:

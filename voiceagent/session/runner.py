@@ -302,6 +302,13 @@ class SessionRunner:
             turn.close()
             self._release_turn(num)
 
+    def _ended(self, num: int, turn: Turn) -> None:
+        """The turn's end is about to be reported: it is no longer open, so a session
+        closed by the client as soon as it hears the end does not count it again
+        (`close` logs and counts the turns still open as closed)."""
+        self._turns.pop(num, None)
+        turn.close()
+
     def _release_turn(self, num: int) -> None:
         if num in self._admitted and self.admission is not None:
             self._admitted.discard(num)
@@ -320,10 +327,12 @@ class SessionRunner:
                 item = await turn.output.get()
                 if item is None:
                     await self.transport.end_turn(num)
+                    self._ended(num, turn)
                     await self.execute(self.core.turn_done(num, self._timings(turn, start)))
                     return
                 if isinstance(item, TurnFailed):
                     code = ErrorCode(item.code)
+                    self._ended(num, turn)
                     await self.execute(self.core.turn_failed(num, code, str(item)))
                     return
                 if not isinstance(item, np.ndarray):
