@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,3 +56,20 @@ def test_freed_buffers_come_back_without_page_faults():
     # later rounds reuse them: measured 1,000-2,300 faults in all against 7,500 with
     # glibc's defaults, which return emptied heaps to the system
     assert sum(later) < 0.5 * sum(later_system)
+
+
+def test_the_programs_that_run_an_engine_make_the_choice_and_other_commands_do_not(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_dir: Path
+) -> None:
+    """A process-wide malloc setting is made by `serve`, `say` and `bench`, not by code
+    that embeds the engine (the tests' own in-process servers keep glibc's defaults)."""
+    from voiceagent import cli
+
+    calls: list[str] = []
+    monkeypatch.setattr(cli, "retain_freed_memory", lambda: calls.append("kept") or True)
+    out = str(tmp_path / "x.wav")
+    # (an unknown voice ends `say` once the model is loaded, before any synthesis)
+    assert cli.main(["say", "hi", "-o", out, "--model", str(tiny_dir), "--voice", "nobody"]) == 2
+    assert calls == ["kept"]
+    assert cli.main(["make-tiny", str(tmp_path / "tiny")]) == 0
+    assert calls == ["kept"]

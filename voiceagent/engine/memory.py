@@ -8,15 +8,18 @@ write. On this project's VMs that is about 8 µs a page: a first flow chunk at f
 took 20,000-33,000 faults (100-130 MB) on every turn, and the warm-up's first chunk
 (`AcousticWorker._rehearse`) did not spare the first real turn its faults.
 
-`retain_freed_memory()` sets three mallopt parameters once for the process; the programs
-that run an engine (`serve`, `say`, `bench`) call it before the engine's threads
-allocate, while code that embeds the engine (the tests' in-process servers) keeps its own
-malloc: one arena for all threads (M_ARENA_MAX 1: the main heap,
-which the next two govern), no trimming (M_TRIM_THRESHOLD at its maximum) and a fixed
-mmap threshold of 32 MB (larger blocks still go straight back to the system). Measured
-at full size on the worker thread: a repeated first chunk took 0-300 faults instead of
-26,000-33,000. The cost: the process keeps its high-water mark of heap memory (reused
-by later turns, not returned), and threads share one arena lock.
+`retain_freed_memory()` sets three mallopt parameters once for the process: one arena
+for all threads (M_ARENA_MAX 1: the main heap, which the next two govern), no trimming
+(M_TRIM_THRESHOLD at its maximum) and a fixed mmap threshold of 32 MB (larger blocks
+still go straight back to the system). Measured at full size on the worker thread: a
+repeated first chunk took 0-300 faults instead of 26,000-33,000. The cost: the process
+keeps its high-water mark of heap memory (reused by later turns, not returned), and
+threads share one arena lock.
+
+It is the program's choice, not the engine's: `serve`, `say` and `bench` make it before
+any engine thread allocates; code that embeds the engine keeps its own malloc (the
+tests' in-process servers, where every thread of the test process sharing one arena
+made the suite half again as slow and its timing checks fail).
 
 Only glibc has these parameters; elsewhere (musl, macOS) this does nothing.
 `VOICEAGENT_MALLOC=system` leaves malloc as it is.
