@@ -32,6 +32,7 @@ from aiortc import (
     RTCSessionDescription,
 )
 from aiortc import sdp as aiortc_sdp
+from aiortc.exceptions import InvalidStateError
 from aiortc.mediastreams import MediaStreamError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -293,6 +294,33 @@ class WebRtcSession:
 # -- signaling --------------------------------------------------------------------------
 
 
+def quiet_close_race(loop: asyncio.AbstractEventLoop) -> None:
+    """aiortc runs each connection attempt in a task nobody awaits. A session that closes
+    its peer connection while the attempt still runs (a peer that never connects, closed
+    at the connect deadline) makes the attempt fail with InvalidStateError ("...
+    transport is closed"; aiortc checks for a close only before it starts), and asyncio
+    logs that as an ERROR with a traceback. It is the close we asked for: logged at INFO
+    instead. Any other exception no task retrieved goes to the loop's handler as before."""
+    previous = loop.get_exception_handler()
+    if getattr(previous, "quiets_aiortc", False):
+        return
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        task = context.get("future")
+        coro = task.get_coro() if isinstance(task, asyncio.Task) else None
+        if isinstance(context.get("exception"), InvalidStateError) and (
+            getattr(coro, "__qualname__", "") == "RTCPeerConnection.__connect"
+        ):
+            log.info("a WebRTC connection attempt ended with its session: %s", context["exception"])
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    handler.quiets_aiortc = True  # type: ignore[attr-defined]
+    loop.set_exception_handler(handler)
+
+
 class WebRtcGateway:
     """Accepts offers and owns the WebRTC sessions of one server."""
 
@@ -311,6 +339,7 @@ class WebRtcGateway:
             await session.close()
 
     async def offer(self, request: Request) -> JSONResponse:
+        quiet_close_race(asyncio.get_running_loop())  # once per loop
         now = asyncio.get_running_loop().time()
         if not self.host.connections.admit(request.client.host if request.client else None, now):
             self.host.engine.metrics.refused.labels(str(ErrorCode.RATE_LIMITED)).inc()
