@@ -79,6 +79,7 @@ def test_first_packet_bench_reports_slices_that_add_up(small_dir):
         # one turn: its slices are consecutive spans of its TTFA (each rounded to 0.1 ms)
         assert sum(row["slices_ms"].values()) == pytest.approx(row["ttfa_ms_p50"], abs=1.0)
         assert row["flow_cache_bytes_per_token"] > 0 and row["ttfa_ms_first"] > 0
+        assert row["ttfa_ms_by_turn"] == [row["ttfa_ms_p50"]]  # TURNS=1
         assert set(row["slices_ms_first"]) == set(SLICES)
         assert sum(row["slices_ms_first"].values()) == pytest.approx(row["ttfa_ms_first"], abs=1.0)
     # the exact 400 ms hold-back needs a second chunk before any audio; 4 frames do not

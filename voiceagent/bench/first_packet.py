@@ -407,6 +407,8 @@ def _summary(turns: list[dict[str, float]], first: dict[str, float]) -> dict[str
         "turns": len(turns),
         "ttfa_ms_p50": round(statistics.median(t["ttfa"] for t in turns), 1),
         "ttfa_ms_first": round(first["ttfa"], 1),
+        # each measured turn's, in order: a cost that grows with the engine's age shows
+        "ttfa_ms_by_turn": [round(t["ttfa"], 1) for t in turns],
         "slices_ms": {s: round(statistics.median(t[s] for t in turns), 1) for s in SLICES},
         # the first turn after start-up, slice by slice (it should cost what later ones do)
         "slices_ms_first": {s: round(first[s], 1) for s in SLICES},
