@@ -411,3 +411,124 @@ def test_outputs_depend_on_tokens_prompt_and_lookahead(flow):
     ids[0, -3:] = PAD_TOKEN
     b, _ = flow.forward_chunk(ids, v.embedding[None], state)
     assert (a - b).abs().max() > 1e-3
+
+
+# -- the primed prompt tail (a cheaper first chunk) ------------------------------------------
+
+
+def _estimator_frames(flow: CosyFlow, ids: Tensor, spk: Tensor, state) -> set[int]:
+    """Mel frames each estimator call of a chunk ran on."""
+    frames: set[int] = set()
+    hook = flow.decoder.estimator.register_forward_hook(
+        lambda mod, inp, out: frames.add(inp[0].shape[2])
+    )
+    try:
+        flow.forward_chunk(ids, spk, state)
+    finally:
+        hook.remove()
+    return frames
+
+
+def test_a_primed_tail_first_chunk_runs_only_its_own_frames(flow):
+    """The exact first chunk runs the prompt's last 3 tokens again (their lookahead is
+    the turn's first tokens); with `primed_tail()` the prompt was primed to its end, so
+    a 4-token first chunk is 8 frames instead of 14, and later chunks are alike."""
+    v, tokens = voice(11, seed=1), turn_tokens(20, seed=3)
+    spk, ids = v.embedding[None], chunk_ids(tokens, 0, 4, 3)
+    fast = flow.primed_tail()
+    exact_state, fast_state = flow.initial_state(v), fast.initial_state(v)
+    assert int(exact_state["pending_n"]) == 3 and int(fast_state["pending_n"]) == 0
+    assert int(exact_state["frame"]) == int(fast_state["frame"]) - 6 == 16
+    assert _estimator_frames(flow, ids, spk, exact_state) == {14}
+    assert _estimator_frames(fast, ids, spk, fast_state) == {8}
+    mel, fast_state = fast.forward_chunk(ids, spk, fast_state)
+    assert mel.shape == (1, 80, 8) and int(fast_state["frame"]) == 22 + 8
+    assert not flow.prompt_primed_to_end  # a variant: the flow itself stays exact
+
+
+def test_a_primed_tail_moves_the_mel_a_little_and_less_after_the_first_chunk(flow):
+    """The price: the prompt's last frames were computed without the turn's first tokens,
+    and the turn attends to them. These small random weights (an 11-token prompt, of
+    which the tail is 3) are a worst case: 0.7-1.0 at most, in the first chunk (of a
+    spread of about 10; relative RMS 6 %), about 0.1 after a second of speech (three
+    prompts measured). Full size: 0.05 (docs/operations.md, First packet)."""
+    v, tokens = voice(11, seed=1), turn_tokens(60, seed=2)
+    exact = stream(flow, v, tokens, [4, 8, 16, 25])
+    fast = stream(flow.primed_tail(), v, tokens, [4, 8, 16, 25])
+    err = (fast - exact).abs()
+    assert 1e-4 < float(err.max()) < 1.5
+    assert float(err[:, :, 50:].max()) < 0.2 * float(err[:, :, :8].max())
+
+
+def test_a_primed_tail_leaves_grid_states_and_promptless_voices_alone(flow):
+    fast = flow.primed_tail()
+    v = voice(30, seed=2)
+    exact, primed = flow.initial_state(v, grid=True), fast.initial_state(v, grid=True)
+    assert exact.keys() == primed.keys() and all(torch.equal(exact[k], primed[k]) for k in exact)
+    empty = voice(0, seed=2)
+    tokens = turn_tokens(12, seed=4)
+    assert torch.equal(stream(flow, empty, tokens, [4, 8]), stream(fast, empty, tokens, [4, 8]))
+
+
+# -- attention over a shared prompt part and a turn's own, and narrower caches ------------
+
+
+@pytest.mark.parametrize("prompt_keys", [30, 0])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("whole_scores", [False, True])
+def test_attention_over_two_parts_equals_attention_over_both(
+    monkeypatch, prompt_keys, masked, whole_scores
+):
+    """A voice prompt's keys/values and a turn's own are read as one softmax: on the CPU
+    through the flash kernel per part, weighted by each part's log-sum-exp; elsewhere
+    (`whole_scores`) with the scores computed whole. An empty prompt part (a voice with
+    no prompt) and a block mask among the new positions (grid chunks) included."""
+    from voiceagent.model.cosyvoice2 import flow_decoder
+
+    if whole_scores:
+        monkeypatch.setattr(flow_decoder, "_flash_cpu", None)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 6, 16, generator=g)
+    first = (torch.randn(2, 4, prompt_keys, 16, generator=g),) * 2
+    second = (torch.randn(2, 4, 10, 16, generator=g), torch.randn(2, 4, 10, 16, generator=g))
+    mask = None
+    if masked:  # the 6 new positions in two blocks of 3 after 4 earlier own keys
+        ids = torch.arange(6) // 3
+        block = torch.cat([torch.ones(6, 4, dtype=torch.bool), ids[None] <= ids[:, None]], 1)
+        mask = torch.cat([torch.ones(6, prompt_keys, dtype=torch.bool), block], 1)[None, None]
+    keys = torch.cat([first[0], second[0]], 2)
+    values = torch.cat([first[1], second[1]], 2)
+    both = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    two = flow_decoder._two_part_attention(q, first, second, mask)
+    assert (two - both).abs().max() < 1e-5
+    if masked:  # the mask is applied: without it the result differs
+        assert (flow_decoder._two_part_attention(q, first, second, None) - two).abs().max() > 1e-3
+
+
+def test_bfloat16_caches_halve_a_turns_state_and_move_the_mel_little(flow):
+    """`cache_in(torch.bfloat16)`: the estimator's keys/values (the prompt's shared part
+    and the turn's own) are kept in bfloat16, the rest of the state as it was; a turn's
+    state grows half as fast, and the streamed mel moves, but little (0.002-0.003 at
+    most here, three seeds measured; full size 0.002)."""
+    narrow = flow.cache_in(torch.bfloat16)
+    assert flow.cache_dtype is None  # a variant: the flow itself is unchanged
+    v, tokens = voice(11, seed=1), turn_tokens(40, seed=2)
+    spk = v.embedding[None]
+    states = {}
+    for name, f in (("float32", flow), ("bfloat16", narrow)):
+        primed = f.initial_state(v)
+        _, first = f.forward_chunk(chunk_ids(tokens, 0, 8, 3), spk, primed)
+        _, second = f.forward_chunk(chunk_ids(tokens, 8, 8, 3), spk, first)
+        states[name] = (first, second)
+    first, second = states["bfloat16"]
+    kv = [k for k in second if k.startswith("s") and k.endswith((".k", ".v", ".pk", ".pv"))]
+    assert kv and all(second[k].dtype == torch.bfloat16 for k in kv)
+    assert all(second[k].dtype != torch.bfloat16 for k in second if k not in kv)
+
+    def growth(pair: tuple[dict[str, Tensor], dict[str, Tensor]]) -> int:
+        return sum(pair[1][k].nbytes - pair[0][k].nbytes for k in kv)
+
+    assert growth(states["bfloat16"]) * 2 == growth(states["float32"])
+    exact = stream(flow, v, tokens, [4, 8, 16, 25])
+    err = (stream(narrow, v, tokens, [4, 8, 16, 25]) - exact).abs().max()
+    assert 1e-5 < float(err) < 0.05

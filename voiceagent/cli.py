@@ -62,6 +62,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         flow_precision=engine_settings.flow_precision,
         first_audio_first=engine_settings.priority == "first-audio",
         flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
+        prompt_tail=engine_settings.flow_prompt_tail,
         # the model's first voice, what a session speaks in when it names none
         warm=list(model.voices.values())[:1],
         warm_hold_backs=[h] if (h := settings.playout.vocoder_hold_back) >= 0 else [],

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from ..audio.codecs import OpusEncoder
+from ..engine.acoustic import PromptTail
 from ..engine.embedded import EmbeddedEngine, default_threads
 from ..engine.lm_prefix import PrefixCache
 from ..model.contract import PAD_TOKEN, FlowStage, State, Voice
@@ -82,6 +83,7 @@ class Mode:
     first_audio_first: bool = False  # EmbeddedEngine(first_audio_first=...)
     flow_window_s: float | None = None  # EmbeddedEngine(flow_window=...), in seconds
     warm: bool = False  # the voice's flow state primed at engine start, as `serve` does
+    prompt_tail: PromptTail = "rerun"  # EmbeddedEngine(prompt_tail=...)
 
 
 BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
@@ -96,6 +98,7 @@ OPTIMIZED = Mode(
     flow_window_s=20.0,  # as `serve`'s engine.flow_window_s
     warm=True,
     flow_dtype="int8",
+    prompt_tail="primed",
 )
 
 
@@ -180,44 +183,52 @@ def state_bytes(state: State) -> int:
     return sum(v.nbytes for v in state.values())
 
 
+def _two_chunks(
+    model: SpeechModel, flow: FlowStage, voice: Voice, tokens: int
+) -> tuple[State, State, State]:
+    """`flow`'s state primed with the voice, after a first chunk of `tokens` tokens and
+    after a second: the second's growth is a turn's steady one (a first chunk may also
+    rewrite the prompt's last tokens)."""
+    look, dev = model.pre_lookahead, model.device
+    ids = torch.tensor([[0] * (tokens + look)], device=dev)
+    spk = voice.embedding[None].to(dev)
+    primed = flow.initial_state(voice)
+    _, first = flow.forward_chunk(ids, spk, primed)
+    _, second = flow.forward_chunk(ids, spk, first)
+    return primed, first, second
+
+
 @torch.inference_mode()
 def flow_cache_bytes_per_token(
     model: SpeechModel, flow: FlowStage, voice: Voice, tokens: int = 20
 ) -> float:
     """Growth of `flow`'s per-turn state per speech token (its attention caches)."""
-    look = model.pre_lookahead
-    state = flow.initial_state(voice)
-    ids = torch.tensor([[0] * tokens + [PAD_TOKEN] * look], device=model.device)
-    spk = voice.embedding[None].to(model.device)
-    _, after = flow.forward_chunk(ids, spk, state)
-    return (state_bytes(after) - state_bytes(state)) / tokens
+    _, first, second = _two_chunks(model, flow, voice, tokens)
+    return (state_bytes(second) - state_bytes(first)) / tokens
 
 
 @torch.inference_mode()
 def turn_state_bytes(
     model: SpeechModel, flow: FlowStage, voice: Voice, seconds: float = 60.0, tokens: int = 20
 ) -> int:
-    """`flow`'s per-turn state after `seconds` of speech: its growth per token over one
+    """`flow`'s per-turn state after `seconds` of speech: its growth per token over a
     chunk, split into the part a window bounds (the estimator's `s*` keys/values) and
     the rest, extrapolated (25 tokens per second; the window, if any, caps the first)."""
-    look = model.pre_lookahead
-    state = flow.initial_state(voice)
-    ids = torch.tensor([[0] * tokens + [PAD_TOKEN] * look], device=model.device)
-    _, after = flow.forward_chunk(ids, voice.embedding[None].to(model.device), state)
+    primed, first, second = _two_chunks(model, flow, voice, tokens)
 
     def split(st: State) -> tuple[int, int]:
         own = sum(v.nbytes for k, v in st.items() if k.startswith("s") and k.endswith((".k", ".v")))
         return own, state_bytes(st) - own
 
-    (own0, rest0), (own1, rest1) = split(state), split(after)
+    (own0, rest0), (own1, rest1), (own2, rest2) = split(primed), split(first), split(second)
     n = round(seconds * 25)
     window = getattr(flow, "window_frames", None)  # mel frames (CosyFlow)
     ratio = getattr(getattr(flow, "cfg", None), "token_mel_ratio", 1)
     kept = n if window is None else min(n, window // ratio)
     # Keys/values grow into buffers with up to a quarter spare (flow_encoder.append): the
     # live bytes measured here, times 1.25, bound what the buffers hold.
-    own = (own1 - own0) / tokens * kept * 1.25
-    return round(own0 + rest0 + own + (rest1 - rest0) / tokens * n * 1.25)
+    own = (own2 - own1) / tokens * kept * 1.25
+    return round(own0 + rest0 + own + (rest2 - rest1) / tokens * n * 1.25)
 
 
 @torch.inference_mode()
@@ -436,6 +447,7 @@ def measure(
             flow_window=None if m.flow_window_s is None else round(m.flow_window_s * 25),
             warm=[voice] if m.warm else [],
             warm_hold_backs=[m.hold_back] if m.warm and m.hold_back is not None else [],
+            prompt_tail=m.prompt_tail,
         )
         for name, m in modes.items()
     }
@@ -479,6 +491,12 @@ def measure(
             },
             "mel_vs_reference_grid": grid_deviation(model, voice, mode.schedule, flow),
             "flow_precision_error": precision_error(model, voice, mode.schedule, flow),
+            # the primed prompt tail alone (float32); the two errors above include it
+            "prompt_tail_error": (
+                precision_error(model, voice, mode.schedule, model.flow.primed_tail())
+                if mode.prompt_tail == "primed"
+                else None
+            ),
             "mode": asdict(mode),
         }
     report["lm_prefill"] = prefill_ms(model, voice)
@@ -537,6 +555,12 @@ def table(report: dict[str, Any]) -> str:
             f"{n}: flow {report[n]['mode']['flow_dtype']}, mel vs float32: max "
             f"{f['max_abs']}, relative RMS {f['rel_rms']}"
         )
+    for n in names:
+        if (t := report[n].get("prompt_tail_error")) is not None:
+            lines.append(
+                f"{n}: prompt primed to its end, mel vs rerunning its tail: max "
+                f"{t['max_abs']}, relative RMS {t['rel_rms']}"
+            )
     if (ref := report.get("reference_chunking")) and ref["mel_vs_reference_grid"]:
         lines.append(
             f"chunking reference: first chunk {ref['first_chunk_tokens']} tokens, mel vs the "

@@ -170,7 +170,8 @@ class EngineSection(Section):
         "float32",
         "the acoustic worker's flow: bfloat16 halves its per-turn cache; int8 (CPU) runs "
         "its estimator in int8 (its convolutions as matrix products), a faster first "
-        "chunk; both approximate",
+        "chunk, its attention caches in bfloat16 (half the per-turn cache too); both "
+        "approximate",
         "--flow-precision",
     )
     flow_window_s: float = setting(
@@ -180,10 +181,19 @@ class EngineSection(Section):
         "--flow-window",
         ge=0,
     )
+    flow_prompt_tail: Literal["rerun", "primed"] = setting(
+        "rerun",
+        "rerun: a turn's first chunk runs the voice prompt's last 3 tokens again, with the "
+        "turn's first tokens as their lookahead (exact); primed: the prompt is primed to "
+        "its end and the first chunk runs its own tokens only (cheaper, approximate)",
+        "--flow-prompt-tail",
+    )
     priority: Literal["first-audio", "fair"] = setting(
         "first-audio",
         "first-audio: while a turn's first chunk is on the acoustic worker, the embedded LM "
-        "works only for turns with no audio out yet either; fair: the LM never sits out",
+        "works only for turns with no audio out yet either, and while the acoustic worker "
+        "is idle the LM uses its threads too; fair: the LM never sits out and keeps its "
+        "own threads",
         "--priority",
     )
     sglang_url: str = setting(

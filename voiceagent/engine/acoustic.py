@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # it; batched: chunks of equal size of several turns run as one batch (float results then
 # differ from a solo run in the last bits).
 AcousticBatching = Literal["invariant", "batched"]
+PromptTail = Literal["rerun", "primed"]
 ACOUSTIC_BATCHING: tuple[AcousticBatching, ...] = ("invariant", "batched")
 _Out = tuple[State | None, torch.Tensor]  # one job's result of a stage: new state, output
 
@@ -103,15 +104,20 @@ class AcousticWorker:
         flow_window: int | None = None,
         warm: Sequence[Voice] = (),
         warm_hold_backs: Sequence[int] = (),
+        prompt_tail: PromptTail = "rerun",
     ) -> None:
         """`flow_precision`: run the flow at this precision instead of the model's
         (`quantize.reduced_flow`: bfloat16 halves the cache bytes, int8 speeds up the
         estimator on the CPU; errors stated there and tested).
         `flow_window`: speech tokens of a turn's own past the flow reads back
         (`FlowStage.windowed`; None: all). Batched chunks need equal-length caches, so
-        "batched" keeps everything. `warm`: voices whose flow state the worker primes
-        when it starts, before any chunk (`warmed` is set then), so that their first
-        turn costs what later ones do; other voices are primed at their first turn.
+        "batched" keeps everything. `prompt_tail`: "primed" primes each voice's prompt
+        to its end, so that a turn's first chunk runs its own tokens only
+        (`FlowStage.primed_tail`: cheaper, approximate); "rerun" runs the prompt's last
+        tokens again with the turn's first ones as their lookahead (exact).
+        `warm`: voices whose flow state the worker primes when it starts, before any
+        chunk (`warmed` is set then), so that their first turn costs what later ones
+        do; other voices are primed at their first turn.
         `warm_hold_backs`: vocoder hold-backs (`new_stream`) whose variants the warm-up
         runs too, besides the exact vocoder (each variant's first call sets up its own
         kernel shapes: measured 352 ms instead of 241 for a first chunk at full size)."""
@@ -119,6 +125,8 @@ class AcousticWorker:
         self.flow = reduced_flow(model.flow, flow_precision)
         if flow_window is not None and batching == "invariant":
             self.flow = self.flow.windowed(flow_window)
+        if prompt_tail == "primed":
+            self.flow = self.flow.primed_tail()
         self.metrics = metrics or Metrics()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -131,6 +139,7 @@ class AcousticWorker:
         self._warm_hold_backs = list(warm_hold_backs)
         self.warmed = threading.Event()
         self.first_chunks = 0  # turns' first chunks being computed now (no audio out yet)
+        self.working = 0  # chunks taken and not yet done
         self.rounds = 0  # times the worker took the waiting jobs
         self.max_round = 0  # most jobs taken at once
         self.batched_calls = 0  # flow or vocoder calls over more than one chunk
@@ -144,6 +153,12 @@ class AcousticWorker:
             self._jobs.put(None)
             self._thread.join(timeout=5)
             self._thread = None
+
+    @property
+    def idle(self) -> bool:
+        """No chunk is being computed or waiting (a chunk queued now may already have
+        started: a hint, for sharing the CPU, never for correctness)."""
+        return not self.working and self._jobs.empty()
 
     def new_stream(
         self,
@@ -255,6 +270,7 @@ class AcousticWorker:
             # The critical path first: chunks of turns that have no audio out yet run
             # before the rest (a stable sort keeps each turn's chunks in order).
             jobs.sort(key=lambda j: j.stream.audible)
+            self.working = len(jobs)
             try:
                 with torch.inference_mode():
                     self._process(jobs)
@@ -262,6 +278,8 @@ class AcousticWorker:
                 log.exception("acoustic round failed")
                 for j in jobs:
                     j.done(exc)
+            finally:
+                self.working = 0
 
     def _process(self, jobs: list[_Job]) -> None:
         self.rounds += 1

