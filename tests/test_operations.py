@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -292,6 +293,25 @@ def test_json_logs_have_one_summary_line_per_turn_with_ids_and_never_the_text(
 
 
 # -- drain -----------------------------------------------------------------------------
+
+
+def test_logs_without_a_stream_follow_stderr_when_it_is_swapped(monkeypatch) -> None:
+    """`configure_logging()` writes to stderr as it is at each record: a stderr that was
+    replaced and closed meanwhile (a test's capture; the suite's server threads once
+    logged into one) is not written to; the new one is."""
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging("info", "text")
+    try:
+        logging.getLogger("voiceagent.test").info("one")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", second)
+        errors: list[str] = []
+        monkeypatch.setattr(logging.Handler, "handleError", lambda h, r: errors.append("!"))
+        logging.getLogger("voiceagent.test").info("two")
+    finally:
+        configure_logging("warning", "text")
+    assert "two" in second.getvalue() and errors == []
 
 
 def test_drain_closes_an_idle_session_at_once_and_a_busy_one_at_the_deadline(

@@ -762,6 +762,14 @@ function cancelAll() {
     });
     renderTurn(r);
   }
+  // Say at once how much of each was heard, rather than only in answer to the server's
+  // audio.clear: on a busy machine that round trip can outlast the server's wait for it
+  // (playback.timeout_ms), which then settles for an older periodic report.
+  if (t && ready()) {
+    for (const r of live) {
+      if (r.turn !== null && r.turn_id) t.send({ type: "playback", turn_id: r.turn_id, played_ms: r.played_ms, stopped: true });
+    }
+  }
   if (streaming) remember("llm.stopped");
   if (heard) interrupt("cancel");
   announce("Stopped.");

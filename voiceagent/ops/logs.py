@@ -22,7 +22,20 @@ LEVELS = ("debug", "info", "warning", "error")
 
 
 class _Handler(logging.StreamHandler):
-    """Ours, so that configuring again replaces it and leaves other handlers alone."""
+    """Ours, so that configuring again replaces it and leaves other handlers alone.
+    Given no stream, it writes to `sys.stderr` as it is at each record: code that swaps
+    stderr (a test runner's capture, an embedding program) never leaves it writing to a
+    closed file, as a stream taken once did (the suite's server threads logged into a
+    finished test's closed capture)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        super().__init__(stream)
+        self._follow_stderr = stream is None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._follow_stderr:
+            self.stream = sys.stderr  # `handle` holds the handler's lock here
+        super().emit(record)
 
 
 def configure_logging(
@@ -48,7 +61,7 @@ def configure_logging(
         foreign_pre_chain=shared,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
     )
-    handler = _Handler(stream or sys.stderr)
+    handler = _Handler(stream)
     handler.setFormatter(formatter)
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
