@@ -140,6 +140,45 @@ def test_the_corpus_stage_writes_its_files_and_then_skips(tmp_path, capsys) -> N
     assert "skipped" not in capsys.readouterr().out
 
 
+_PRIORITY = """
+import os, sys
+from pathlib import Path
+from voiceagent.cli import main
+assert main(["train", "corpus", "--out", sys.argv[1], "--hours", "0.1", "--background"]) == 0
+try:
+    fields = Path("/proc/self/autogroup").read_text().split()
+except OSError:  # not Linux, or a kernel without autogroup
+    fields = []
+print(os.nice(0), fields[-1] if fields else "none")  # CI's kernel gives an empty file
+"""
+
+
+@pytest.mark.parametrize("own_session", [True, False])
+def test_a_background_stage_takes_the_lowest_priority(tmp_path, own_session) -> None:
+    """`--background`: nice 19, and for a stage started in its own session (setsid) its
+    session's scheduling group too (Linux autogroup, where nice alone does not reach);
+    a stage sharing a caller's session leaves that session's group as it was."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRIORITY, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        start_new_session=own_session,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    nice, group = proc.stdout.split()[-2:]
+    assert nice == "19"
+    if group == "none":
+        return
+    if own_session:
+        assert group == "19"
+    else:
+        assert group == Path("/proc/self/autogroup").read_text().split()[-1]  # the test's own
+
+
 # -- the word error rate ----------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ synthetic utterances (what they say does not matter: only the plumbing is tested
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from voiceagent.audio.features import prompt_mel
 from voiceagent.model.checkpoint import load
 from voiceagent.text.normalize import normalize
-from voiceagent.train import export, feats, flow_train, lm_train, vocoder_train
+from voiceagent.train import export, feats, flow_train, lm_train, snapshot, tokens, vocoder_train
 
 TEXTS = [
     ("train", "Thanks for calling, how can I help?"),
@@ -148,3 +149,87 @@ def test_the_trained_lm_serves_through_sglang_as_the_embedded_engine_decodes(
         embedded.stop()
         server.kill()
     assert 4 <= len(ours) <= 30 and theirs == ours
+
+
+# -- snapshots: training carried to another machine --------------------------------------
+
+
+def _with_codebook(trained: Path, to: Path) -> Path:
+    """A copy of the trained work directory with a codebook, as the tokens stage writes."""
+    shutil.copytree(trained, to)
+    rng = np.random.default_rng(0)
+    book = tokens.Codebook(np.zeros(160), np.ones(160), rng.normal(size=(128, 160)))
+    book.save(tokens.tokens_dir(to) / "codebook.npz")
+    return to
+
+
+def test_a_snapshot_seeds_a_new_work_directory_where_each_part_resumes_at_its_step(
+    trained: Path, tmp_path: Path
+) -> None:
+    """A snapshot keeps the codebook, the tokenizer and the three checkpoints in float16
+    without optimizer state; a new work directory seeded with it (on another machine: the
+    teacher's speech made again) trains each part on from its step, from those weights."""
+    work = _with_codebook(trained, tmp_path / "w")
+    steps = snapshot.write(work, tmp_path / "snap")
+    parts = {
+        "lm": lm_train.checkpoint_path,
+        "flow": lambda w: flow_train.flow_dir(w) / flow_train.CHECKPOINT,
+        "vocoder": lambda w: vocoder_train.vocoder_dir(w) / "checkpoint.pt",
+    }
+    for part, where in parts.items():
+        full = torch.load(where(work), weights_only=True)
+        kept = torch.load(where(tmp_path / "snap"), weights_only=True)
+        assert steps[part] == kept["step"] == full["step"] > 0
+        assert "optimizer" not in kept
+        assert {v.dtype for v in kept["model"].values() if v.is_floating_point()} == {torch.float16}
+        assert where(tmp_path / "snap").stat().st_size < 0.6 * where(work).stat().st_size
+
+    fresh = write_work(tmp_path / "fresh")  # the speech again, no codebook, no parts
+    said = list(snapshot.seed(fresh, tmp_path / "snap"))
+    assert said == [f"seed: {part} from step {steps[part]}" for part in parts]
+    assert (tokens.tokens_dir(fresh) / "codebook.npz").read_bytes() == (
+        tokens.tokens_dir(work) / "codebook.npz"
+    ).read_bytes()
+    assert (lm_train.tokenizer_dir(fresh) / "config.json").is_file()
+    before = flow_train.export_state(work)
+    seeded = flow_train.export_state(fresh)
+    for key, value in before.items():  # the same weights, in float16's precision
+        assert torch.equal(
+            seeded[key], value.half().float() if value.is_floating_point() else value
+        )
+    assert flow_train.train(fresh, 30, steps=1, say=lambda *_: None)["step"] == steps["flow"] + 1
+    voc = vocoder_train.train(fresh, 30, max_steps=steps["vocoder"] + 1, log_every=1)
+    assert voc["step"] == steps["vocoder"] + 1
+    lm = lm_train.train(fresh, 3, threads=1, say=lambda *_: None)
+    assert lm["step"] > steps["lm"]
+
+
+def test_seeding_never_replaces_what_a_work_directory_has(trained: Path, tmp_path: Path):
+    work = _with_codebook(trained, tmp_path / "w")
+    snapshot.write(work, tmp_path / "snap")
+    # its own codebook: the snapshot's parts were trained on other codes
+    assert list(snapshot.seed(work, tmp_path / "snap")) == [
+        f"seed: {work} has its own codebook: the snapshot's parts do not fit it"
+    ]
+    # the same codebook, and a part of its own
+    other = write_work(tmp_path / "other")
+    shutil.copytree(flow_train.flow_dir(work), flow_train.flow_dir(other))
+    said = list(snapshot.seed(other, tmp_path / "snap"))
+    assert "seed: flow keeps its own checkpoint" in said and len(said) == 3
+
+
+def test_voiceagent_train_snapshot_and_seed(trained: Path, tmp_path: Path, capsys) -> None:
+    from voiceagent.cli import main
+
+    work, snap = _with_codebook(trained, tmp_path / "w"), tmp_path / "snap"
+    assert main(["train", "snapshot", "--out", str(work), "--to", str(snap)]) == 0
+    assert "snapshot: " in capsys.readouterr().out
+    fresh = write_work(tmp_path / "fresh")
+    assert main(["train", "seed", "--out", str(fresh), "--from", str(snap)]) == 0
+    assert "seed: lm from step" in capsys.readouterr().out
+    assert main(["train", "seed", "--out", str(fresh), "--from", str(tmp_path)]) == 2
+    assert "not a snapshot" in capsys.readouterr().err
+    # a work directory with nothing trained never replaces a snapshot
+    assert main(["train", "snapshot", "--out", str(tmp_path / "empty"), "--to", str(snap)]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    assert (snap / snapshot.MARK).is_file() and (snap / "lm" / "ckpt.pt").is_file()

@@ -107,13 +107,13 @@ def test_padding_in_a_batch_changes_no_utterance_s_loss(work: Path, streaming: b
 
 @torch.no_grad()
 def test_a_dropped_condition_hides_tokens_speaker_and_prompt(work: Path) -> None:
-    """CFG training: a dropped row sees neither its tokens, nor the speaker, nor the prompt
-    mel (inference guides against exactly such a row)."""
+    """CFG training: a dropped row's velocity sees neither its tokens, nor the speaker, nor
+    the prompt mel (inference guides against exactly such a row). The prior, a loss on the
+    encoder alone, still reads every row's tokens, so it is off here."""
     data = Data(work, "train")
     flow = flow_train.new_flow(SMALL).eval()
-    batch = make_batch(
-        data, 0, Params(prompt_rate=1.0), flow_train.speaker_vector(work), flow.cfg, items=[0]
-    )
+    p = Params(prompt_rate=1.0, prior=0.0)
+    batch = make_batch(data, 0, p, flow_train.speaker_vector(work), flow.cfg, items=[0])
     batch["keep"] = torch.tensor([False])
     other = dict(batch)
     other["tokens"] = torch.where(batch["tokens"] >= 0, (batch["tokens"] + 7) % 16, -1)
@@ -200,3 +200,51 @@ def test_the_estimator_s_mish_has_f_mish_values_and_gradient() -> None:
     (ref_grad,) = torch.autograd.grad(ref.sum(), y)
     assert torch.equal(ours.detach(), ref.detach())
     torch.testing.assert_close(grad, ref_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_the_prior_pulls_the_encoder_s_output_onto_the_mel(work: Path) -> None:
+    """`prior`: the loss also holds the squared error of mu (the encoder's output) against
+    the target mel, so training makes mu itself a mel of the tokens; without it nothing
+    asks mu to look like the mel."""
+    data = Data(work, "train")
+    speaker = flow_train.speaker_vector(work)
+
+    def mu_error(flow: flow_train.CosyFlow, batch: dict) -> float:
+        with torch.no_grad():
+            with_prior = float(flow.training_loss(**{**batch, "prior": 1.0}))
+            return with_prior - float(flow.training_loss(**{**batch, "prior": 0.0}))
+
+    errors = {}
+    for prior in (0.0, 1.0):
+        flow = flow_train.new_flow(SMALL)
+        batch = make_batch(data, 0, Params(cfg_drop=0.0, prior=prior), speaker, flow.cfg, [0, 1])
+        assert batch["prior"] == prior
+        opt = torch.optim.Adam(flow.parameters(), lr=3e-3)
+        start = mu_error(flow, batch)
+        for _ in range(40):
+            loss = flow.training_loss(**batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        errors[prior] = mu_error(flow, batch) / start
+    assert errors[1.0] < 0.3 and errors[1.0] < 0.5 * errors[0.0], errors
+
+
+@torch.no_grad()
+def test_a_bfloat16_step_computes_nearly_the_float32_loss(work: Path) -> None:
+    """`Params.bf16`: the training step's forward under bfloat16 autocast where the CPU
+    has the kernels (the weights stay float32); without it, float32 exactly."""
+    from voiceagent.train.update import step_precision
+
+    data = Data(work, "train")
+    flow = flow_train.new_flow(SMALL).eval()
+    batch = make_batch(data, 0, Params(), flow_train.speaker_vector(work), flow.cfg, [0, 1])
+    exact = float(flow.training_loss(**batch))
+    with step_precision(False):
+        assert float(flow.training_loss(**batch)) == exact
+    with step_precision(True):
+        mixed = float(flow.training_loss(**batch))
+    assert mixed == pytest.approx(exact, rel=0.03)
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        assert mixed != exact  # it did run in bfloat16
+    assert {p.dtype for p in flow.parameters()} == {torch.float32}

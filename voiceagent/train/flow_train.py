@@ -17,6 +17,9 @@ same modules and masks inference runs (`CosyFlow.training_loss`):
 - streaming: each batch has, with even odds, full attention or the static chunk mask
   (25 tokens, 50 frames, from the first token), as the released model was trained both
   ways, so both `synthesize(blocks=None)` and the streamed chunks are in distribution;
+- the prior (`prior`, weight 1): the encoder's output mu is also pulled onto the target
+  mel, so the tokens' reading is learnt as a regression first (a training aid from
+  Grad-TTS and Matcha-TTS; the reference has none);
 - one speaker: one fixed 192-d vector (`speaker.pt`), which the export writes as the
   voice's `flow_embedding`.
 
@@ -52,7 +55,7 @@ from ..model.cosyvoice2.random_checkpoint import yaml_text
 from ..model.cosyvoice2.yaml_config import read_yaml
 from . import feats, tokens
 from .sizes import VOICE
-from .update import update
+from .update import step_precision, update
 
 # The keys of `sizes.VOICE` that size the flow.
 FLOW_KEYS = (
@@ -85,6 +88,8 @@ class Params:
     streaming_rate: float = 0.5
     cosine_t: bool = True
     sigma_min: float = 1e-6
+    prior: float = 1.0  # weight of the encoder's mel loss (`CosyFlow.training_loss`)
+    bf16: bool = True  # bfloat16 autocast in training steps (`update.step_precision`)
     seed: int = 0
     log_every: int = 10
     save_every_s: float = 180.0
@@ -215,15 +220,20 @@ def make_batch(
         keep=torch.rand(b, generator=gen) >= p.cfg_drop,
         streaming=bool(rng.random() < p.streaming_rate),
         sigma_min=p.sigma_min,
+        prior=p.prior,
     )
 
 
 @torch.no_grad()
 def heldout_loss(flow: CosyFlow, data: Data, p: Params, speaker: Tensor) -> float:
-    """The loss over the first `heldout_utts` utterances of `data` with fixed draws (no
-    prompt, no CFG drop, full attention), a frame-weighted mean: comparable across runs."""
+    """The flow matching loss over the first `heldout_utts` utterances of `data` with
+    fixed draws (no prompt, no CFG drop, full attention, no prior), a frame-weighted mean:
+    comparable across runs."""
     fixed = Params(
-        **{**asdict(p), "prompt_rate": 0.0, "cfg_drop": 0.0, "streaming_rate": 0.0, "seed": 99}
+        **{
+            **asdict(p),
+            **dict(prompt_rate=0.0, cfg_drop=0.0, streaming_rate=0.0, prior=0.0, seed=99),
+        }
     )
     total = frames = 0.0
     n = min(len(data), p.heldout_utts)
@@ -297,7 +307,8 @@ def train(
     step, seconds = 0, 0.0
     if ckpt is not None:
         flow.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+        if "optimizer" in ckpt:  # a snapshot's checkpoint has none (train/snapshot.py)
+            opt.load_state_dict(ckpt["optimizer"])
         step, seconds = int(ckpt["step"]), float(ckpt["seconds"])
     speaker = speaker_vector(work)
     data, held = Data(work, "train"), Data(work, "heldout")
@@ -337,7 +348,8 @@ def train(
         lr = p.lr * min(1.0, (step + 1) / max(p.warmup, 1))
         for group in opt.param_groups:
             group["lr"] = lr
-        loss = flow.training_loss(**batch)
+        with step_precision(p.bf16):
+            loss = flow.training_loss(**batch)
         if update(opt, flow.parameters(), loss, p.grad_clip) is None:
             say(f"flow: step {step}: loss or gradient not finite, batch skipped")
         step += 1

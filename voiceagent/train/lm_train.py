@@ -66,7 +66,7 @@ from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import feats, tokens
 from .sizes import VOICE
-from .update import update
+from .update import step_precision, update
 
 IGNORE = -100
 MERGES = 400  # BPE merges learned from the train text (see `write_tokenizer`)
@@ -430,6 +430,7 @@ class Hyper:
     prior: float = 1.0
     prior_layers: tuple[int, ...] = (1, 2)
     prior_width: float = 0.2
+    bf16: bool = True  # bfloat16 autocast in training steps (`update.step_precision`)
     seed: int = 0
     checkpoint_s: float = 300.0  # seconds between checkpoints (and held-out evaluations)
     log_every: int = 10  # steps per log row
@@ -487,7 +488,8 @@ class Trainer:
         if h.prior > 0 and layers:
             length = max(e.positions for e in examples)
             prior = Prior.of(examples, length, layers, h.prior_width)
-        loss, n = loss_of(self.lm, examples, h.dropout, prior)
+        with step_precision(h.bf16):
+            loss, n = loss_of(self.lm, examples, h.dropout, prior)
         self.last_prior = float(prior.loss.detach()) if prior else 0.0
         total = loss + h.prior * prior.loss if prior else loss
         if update(self.opt, self.lm.parameters(), total, h.clip) is None:
@@ -525,7 +527,8 @@ class Trainer:
         lm.load_state_dict(state["model"])
         lm.llm.model.lm_head.weight = lm.llm.model.model.embed_tokens.weight
         opt = optimizer(lm, h)
-        opt.load_state_dict(state["optimizer"])
+        if "optimizer" in state:  # a snapshot's checkpoint has none (train/snapshot.py)
+            opt.load_state_dict(state["optimizer"])
         return cls(
             lm,
             h,

@@ -21,7 +21,10 @@ import torch
 
 from . import feats
 
-CODES = 512
+# Griffin-Lim of each token's centroid (`train check`, 30 held-out sentences, 4 hours of
+# teacher speech): WER 0.57 with 512 codes, 0.38 with 2048, 0.38 with 4096; the
+# teacher's own mel 0.27. The LM's and the flow's vocabularies hold 6561.
+CODES = 2048
 ITERATIONS = 40
 SAMPLE = 200_000  # vectors k-means is fitted on (about 2.2 hours of speech)
 
