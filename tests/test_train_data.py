@@ -252,9 +252,10 @@ def test_the_teacher_speaks_sentences_and_resumes_without_redoing_them(
         assert 0.5 < teacher.wav_seconds(wav_dir / name) < 15  # 16-bit mono 22050 Hz
     rows = (tmp_path / "teacher" / "manifest.tsv").read_text().splitlines()
     assert rows[0] == "id\tseconds\ttext\tsplit" and len(rows) == 4
-    train, _ = corpus.load(tmp_path)
-    assert [r.split("\t")[0] for r in rows[1:]] == [s.id for s in train[:3]]
-    assert [r.split("\t")[2] for r in rows[1:]] == [s.text for s in train[:3]]
+    _, heldout = corpus.load(tmp_path)  # held-out first: every check hears them
+    assert [r.split("\t")[0] for r in rows[1:]] == [s.id for s in heldout[:3]]
+    assert [r.split("\t")[2] for r in rows[1:]] == [s.text for s in heldout[:3]]
+    assert {r.split("\t")[3] for r in rows[1:]} == {"heldout"}
     assert not list((wav_dir / ".piper").iterdir())  # nothing left at a temporary name
     capsys.readouterr()
 

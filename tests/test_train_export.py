@@ -16,7 +16,16 @@ import torch
 from voiceagent.audio.features import prompt_mel
 from voiceagent.model.checkpoint import load
 from voiceagent.text.normalize import normalize
-from voiceagent.train import export, feats, flow_train, lm_train, snapshot, tokens, vocoder_train
+from voiceagent.train import (
+    corpus,
+    export,
+    feats,
+    flow_train,
+    lm_train,
+    snapshot,
+    tokens,
+    vocoder_train,
+)
 
 TEXTS = [
     ("train", "Thanks for calling, how can I help?"),
@@ -27,8 +36,8 @@ TEXTS = [
 
 
 def write_work(work: Path) -> Path:
-    """teacher/manifest.tsv, feats and tokens as the stages write them: three tokens per
-    character, two mel frames per token, a tone whose pitch follows the tokens."""
+    """The corpus, teacher/manifest.tsv, feats and tokens as the stages write them: three
+    tokens per character, two mel frames per token, a tone whose pitch follows them."""
     for d in ("teacher", "feats", "tokens"):
         (work / d).mkdir(parents=True)
     rows, tokens = ["id\tseconds\ttext\tsplit"], {}
@@ -41,8 +50,14 @@ def write_work(work: Path) -> Path:
         rows.append(f"u{i}\t{len(wav) / 24000:.3f}\t{text}\t{split}")
     (work / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
     np.savez(work / "tokens" / "tokens.npz", **tokens)  # type: ignore[arg-type]
-    for d in ("feats", "tokens"):
-        (work / d / "stage.json").write_text(json.dumps({"synthetic": True}))
+    for d in ("feats", "tokens"):  # complete for this manifest
+        (work / d / "stage.json").write_text(json.dumps({"manifest": feats.manifest_digest(work)}))
+    corpus.corpus_dir(work).mkdir()
+    for split in ("train", "heldout"):
+        said = [corpus.Sentence(f"u{i}", t, t) for i, (s, t) in enumerate(TEXTS) if s == split]
+        corpus.write_tsv(corpus.corpus_dir(work) / f"{split}.tsv", said)
+    params = {"hours": 0.01, "seed": 0, "heldout": 1, "asterisk": False}
+    (corpus.corpus_dir(work) / "stage.json").write_text(json.dumps({"params": params}))
     return work
 
 
@@ -166,9 +181,10 @@ def _with_codebook(trained: Path, to: Path) -> Path:
 def test_a_snapshot_seeds_a_new_work_directory_where_each_part_resumes_at_its_step(
     trained: Path, tmp_path: Path
 ) -> None:
-    """A snapshot keeps the codebook, the tokenizer and the three checkpoints in float16
-    without optimizer state; a new work directory seeded with it (on another machine: the
-    teacher's speech made again) trains each part on from its step, from those weights."""
+    """A snapshot keeps the codebook, the tokenizer, the three checkpoints in float16
+    without optimizer state, the corpus and its tokens; a new work directory seeded with
+    it (on another machine: the teacher's speech made again) trains each part on from
+    its step, from those weights."""
     work = _with_codebook(trained, tmp_path / "w")
     steps = snapshot.write(work, tmp_path / "snap")
     parts = {
@@ -184,12 +200,21 @@ def test_a_snapshot_seeds_a_new_work_directory_where_each_part_resumes_at_its_st
         assert {v.dtype for v in kept["model"].values() if v.is_floating_point()} == {torch.float16}
         assert where(tmp_path / "snap").stat().st_size < 0.6 * where(work).stat().st_size
 
-    fresh = write_work(tmp_path / "fresh")  # the speech again, no codebook, no parts
+    # a new machine: no codebook, no parts, no tokens, no corpus (the seed brings them)
+    fresh = write_work(tmp_path / "fresh")
+    shutil.rmtree(corpus.corpus_dir(fresh))
+    (tokens.tokens_dir(fresh) / "tokens.npz").unlink()
     said = list(snapshot.seed(fresh, tmp_path / "snap"))
-    assert said == [f"seed: {part} from step {steps[part]}" for part in parts]
-    assert (tokens.tokens_dir(fresh) / "codebook.npz").read_bytes() == (
-        tokens.tokens_dir(work) / "codebook.npz"
-    ).read_bytes()
+    assert said == [
+        "seed: the corpus is --hours 0.01 --seed 0 --heldout 1: keep these flags "
+        "(`train all`, `train corpus`)",
+        *[f"seed: {part} from step {steps[part]}" for part in parts],
+    ]
+    for kept in ("codebook.npz", "tokens.npz"):  # the codes, and the LM's data
+        assert (tokens.tokens_dir(fresh) / kept).read_bytes() == (
+            tokens.tokens_dir(work) / kept
+        ).read_bytes()
+    assert corpus.load(fresh) == corpus.load(work)
     assert (lm_train.tokenizer_dir(fresh) / "config.json").is_file()
     before = flow_train.export_state(work)
     seeded = flow_train.export_state(fresh)
@@ -215,7 +240,11 @@ def test_seeding_never_replaces_what_a_work_directory_has(trained: Path, tmp_pat
     other = write_work(tmp_path / "other")
     shutil.copytree(flow_train.flow_dir(work), flow_train.flow_dir(other))
     said = list(snapshot.seed(other, tmp_path / "snap"))
-    assert "seed: flow keeps its own checkpoint" in said and len(said) == 3
+    assert "seed: flow keeps its own checkpoint" in said and len(said) == 4
+    # its own corpus and tokens stay too
+    assert (tokens.tokens_dir(other) / "tokens.npz").read_bytes() == (
+        tokens.tokens_dir(write_work(tmp_path / "again")) / "tokens.npz"
+    ).read_bytes()
 
 
 def test_voiceagent_train_snapshot_and_seed(trained: Path, tmp_path: Path, capsys) -> None:

@@ -20,7 +20,7 @@ from voiceagent.cli import main
 from voiceagent.model import checkpoint
 from voiceagent.model.cosyvoice2.flow_decoder import mish
 from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_cosyvoice2
-from voiceagent.train import flow_train
+from voiceagent.train import feats, flow_train
 from voiceagent.train.flow_train import Data, Params, make_batch
 
 SMALL = flow_train.flow_sizes(SIZES["small"])
@@ -52,8 +52,8 @@ def write_dataset(work: Path, train: int = 6, heldout: int = 2, seed: int = 0) -
         rows.append(f"{uid}\t{n * 0.04:.3f}\tsentence {i}\t{split}")
     (work / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
     np.savez(work / "tokens" / "tokens.npz", **toks)  # type: ignore[arg-type]
-    for d in ("feats", "tokens"):
-        (work / d / "stage.json").write_text(json.dumps({"synthetic": True}))
+    for d in ("feats", "tokens"):  # complete for this manifest
+        (work / d / "stage.json").write_text(json.dumps({"manifest": feats.manifest_digest(work)}))
     return work
 
 

@@ -1,8 +1,8 @@
 """The `lm` training stage (voiceagent/train/lm_train.py): the speech-token LM learns
-text -> speech tokens from the work directory's teacher manifest and speech tokens, on
-exactly the input the server feeds it, and exports an `llm.pt` the loader reads.
+text -> speech tokens from the work directory's corpus and speech tokens, on exactly
+the input the server feeds it, and exports an `llm.pt` the loader reads.
 
-The data here is synthetic, in the on-disk format of the earlier stages: a manifest of
+The data here is synthetic, in the on-disk format of the earlier stages: a corpus of
 a few sentences and, for each, speech tokens that follow from its letters.
 """
 
@@ -24,7 +24,8 @@ from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_co
 from voiceagent.model.cosyvoice2.text_tokenizer import QwenTextTokenizer
 from voiceagent.model.lm import KVPool
 from voiceagent.text.normalize import normalize
-from voiceagent.train import lm_train
+from voiceagent.train import corpus, lm_train
+from voiceagent.train.corpus import Sentence
 from voiceagent.train.lm_train import IGNORE, Example, Hyper, Prior, Trainer
 
 SMALL = SIZES["small"]
@@ -51,19 +52,22 @@ def speech_of(text: str) -> np.ndarray:
     return np.array(out, dtype=np.int16)
 
 
+def write_corpus(work: Path, split: str, texts: list[str]) -> list[Sentence]:
+    sentences = [Sentence(f"{split}-{i}", text, text) for i, text in enumerate(texts)]
+    corpus.corpus_dir(work).mkdir(parents=True, exist_ok=True)
+    corpus.write_tsv(corpus.corpus_dir(work) / f"{split}.tsv", sentences)
+    return sentences
+
+
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
+    """The corpus and its sentences' tokens: all the LM reads (never the audio)."""
     w = tmp_path / "train"
-    (w / "teacher").mkdir(parents=True)
-    (w / "tokens").mkdir()
-    rows = ["id\tseconds\ttext\tsplit"]
+    (w / "tokens").mkdir(parents=True)
     speech = {}
     for split, texts in (("train", TRAIN), ("heldout", HELDOUT)):
-        for i, text in enumerate(texts):
-            uid = f"{split}-{i}"
-            speech[uid] = speech_of(text)
-            rows.append(f"{uid}\t{len(speech[uid]) / 25:.3f}\t{text}\t{split}")
-    (w / "teacher" / "manifest.tsv").write_text("\n".join(rows) + "\n")
+        for s in write_corpus(w, split, texts):
+            speech[s.id] = speech_of(s.text)
     np.savez(w / "tokens" / "tokens.npz", **speech)  # type: ignore[arg-type]
     (w / "tokens" / "stage.json").write_text(json.dumps({"codes": 120}))
     return w
@@ -95,6 +99,24 @@ def test_text_is_encoded_as_a_turn_encodes_it_with_merges_learned_from_train_tex
     before = (folder / "merges.txt").read_text()
     lm_train.text_tokenizer(work, SMALL, merges=5)
     assert (folder / "merges.txt").read_text() == before
+
+
+def test_the_examples_are_the_corpus_sentences_with_tokens_whether_or_not_spoken_here(
+    work,
+) -> None:
+    """The LM reads text and tokens only: a sentence whose speech is not on this machine
+    (its tokens kept by a snapshot) is an example; one without tokens, or not in the
+    corpus, is not; each keeps its corpus split."""
+    speech = dict(np.load(work / "tokens" / "tokens.npz"))
+    del speech["train-1"]
+    speech["gone-0"] = speech_of("A sentence the corpus no longer has.")
+    np.savez(work / "tokens" / "tokens.npz", **speech)  # type: ignore[arg-type]
+    tok = lm_train.text_tokenizer(work, SMALL, merges=40)
+    train, heldout = lm_train.load_examples(work, tok)
+    kept = [t for i, t in enumerate(TRAIN) if i != 1]
+    assert [ex.text for ex in train] == [tuple(lm_train.encode(tok, t)) for t in kept]
+    assert [ex.speech for ex in train] == [tuple(speech_of(t).tolist()) for t in kept]
+    assert [ex.text for ex in heldout] == [tuple(lm_train.encode(tok, t)) for t in HELDOUT]
 
 
 def test_a_sequence_is_the_serving_prompt_and_its_targets_are_the_speech_then_the_end(

@@ -63,3 +63,27 @@ def test_tokens_cover_every_utterance_and_a_new_one_keeps_the_codebook(tmp_path:
     again = tokens.load_tokens(tmp_path)
     assert all(np.array_equal(again[u], toks[u]) for u in toks)
     assert np.array_equal(again["u3"], again["u1"])  # the same tone, the same codes
+
+
+def test_speech_made_again_is_encoded_again_and_kept_tokens_without_speech_stay(
+    tmp_path: Path,
+) -> None:
+    """On a new machine (`train seed`), tokens.npz holds a snapshot's tokens and the
+    teacher speaks part of the corpus again: that speech is encoded anew (the flow pairs
+    tokens with this mel), and tokens of sentences not spoken here stay, for the LM."""
+    for i, f0 in enumerate((120.0, 320.0)):
+        add_utterance(tmp_path, f"u{i}", f0, 0.8)
+    list(feats.run(tmp_path))
+    list(tokens.run(tmp_path, codes=8, iterations=5))
+    fresh = tokens.load_tokens(tmp_path)
+    # as a seeded work directory: a codebook and tokens from elsewhere, no stage.json
+    stale = {"u0": fresh["u1"][:3], "banked": np.array([1, 2, 3], dtype=np.int16)}
+    np.savez(tmp_path / "tokens" / "tokens.npz", **stale)  # type: ignore[arg-type]
+    (tmp_path / "tokens" / "stage.json").unlink()
+    assert not tokens.is_complete(tmp_path)
+    said = list(tokens.run(tmp_path))
+    assert "keeping the tokens of 1 sentences without speech here" in said[0]
+    again = tokens.load_tokens(tmp_path)
+    assert set(again) == {"u0", "u1", "banked"} and tokens.is_complete(tmp_path)
+    assert np.array_equal(again["u0"], fresh["u0"]) and np.array_equal(again["u1"], fresh["u1"])
+    assert again["banked"].tolist() == [1, 2, 3]

@@ -64,7 +64,7 @@ from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
-from . import feats, tokens
+from . import corpus, tokens
 from .sizes import VOICE
 from .update import step_precision, update
 
@@ -170,12 +170,12 @@ def write_tokenizer(
 def text_tokenizer(
     work: Path, sizes: dict[str, int], merges: int = MERGES, language: str = LANGUAGE
 ) -> QwenTextTokenizer:
-    """The tokenizer in DIR/lm/, learned from the train utterances' text the first time
+    """The tokenizer in DIR/lm/, learned from the corpus' train text the first time
     (later runs reuse it: the checkpoint's text embedding is indexed by its ids)."""
     directory = tokenizer_dir(work)
     if (directory / "config.json").is_file():
         return QwenTextTokenizer(directory)
-    texts = [u.text for u in feats.utterances(work) if u.split == "train"]
+    texts = [s.text for s in corpus.load(work)[0]]
     staging = directory.with_name(directory.name + ".tmp")
     tok = write_tokenizer(staging, texts, sizes, merges, language)
     staging.replace(directory)
@@ -213,18 +213,20 @@ class Example:
 def load_examples(
     work: Path, tokenizer: QwenTextTokenizer, language: str = LANGUAGE
 ) -> tuple[list[Example], list[Example]]:
-    """(train, held-out) examples: every utterance that has speech tokens."""
+    """(train, held-out) examples: every corpus sentence that has speech tokens, whether
+    its speech is on this machine or only its tokens are (a snapshot's, `train seed`):
+    the LM reads text and tokens, never audio."""
     speech = tokens.load_tokens(work)
-    train: list[Example] = []
-    heldout: list[Example] = []
-    for u in feats.utterances(work):
-        if u.id not in speech:
-            continue
-        ex = Example(
-            tuple(encode(tokenizer, u.text, language)), tuple(int(t) for t in speech[u.id])
-        )
-        (train if u.split == "train" else heldout).append(ex)
-    return train, heldout
+    train_text, heldout_text = corpus.load(work)
+
+    def examples(sentences: Sequence[corpus.Sentence]) -> list[Example]:
+        return [
+            Example(tuple(encode(tokenizer, s.text, language)), tuple(int(t) for t in speech[s.id]))
+            for s in sentences
+            if s.id in speech
+        ]
+
+    return examples(train_text), examples(heldout_text)
 
 
 def batches_by_length(items: Sequence[Example], max_positions: int) -> list[list[Example]]:

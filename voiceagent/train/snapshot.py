@@ -2,10 +2,14 @@
 
 The three parts train for more hours than one machine may last, and a work directory
 does not outlive its machine. A snapshot is the part of a work directory that cannot be
-remade quickly: the speech-token codebook, the LM's text tokenizer and the three parts'
+remade quickly: the speech-token codebook, the LM's text tokenizer, the three parts'
 checkpoints, with their weights in float16 and without optimizer state (a third of the
-size). The rest is remade from the corpus: the teacher speaks it again, and the tokens
-stage encodes that speech with the kept codebook, so the codes mean what they meant.
+size), and the corpus with the tokens of every sentence the teacher spoke (a few MB for
+many hours). The rest is remade from the corpus: the teacher speaks it again, as much
+of it as the flow and the vocoder need, and the tokens stage encodes that speech with
+the kept codebook, so the codes mean what they meant. The LM, which reads text and
+tokens only, trains on all of the kept tokens: its data outgrows one machine's
+teacher hours.
 
 `seed` copies a snapshot into a work directory. A part that already has a checkpoint
 there keeps it. A seeded part resumes from its step with fresh optimizer moments (the
@@ -24,7 +28,7 @@ from typing import Any
 
 import torch
 
-from . import flow_train, lm_train, tokens, vocoder_train
+from . import corpus, flow_train, lm_train, tokens, vocoder_train
 
 MARK = "SNAPSHOT"  # JSON: when, and each part's step
 # Where a checkout keeps the snapshot of the voice in training (not installed with the
@@ -43,11 +47,13 @@ def _checkpoints(work: Path) -> dict[str, Path]:
 
 def _extras(work: Path) -> list[Path]:
     """What each part needs beside its checkpoint: the codebook, the tokenizer, the
-    flow's speaker vector."""
+    flow's speaker vector; and the corpus with its sentences' tokens (the LM's data)."""
     return [
         tokens.tokens_dir(work) / "codebook.npz",
         lm_train.tokenizer_dir(work),
         flow_train.flow_dir(work) / flow_train.SPEAKER,
+        corpus.corpus_dir(work),
+        tokens.tokens_dir(work) / "tokens.npz",
     ]
 
 
@@ -114,6 +120,12 @@ def seed(work: Path, source: Path) -> Iterator[str]:
         if src.exists() and not dst.exists():
             _copy(src, dst)
     steps = json.loads((source / MARK).read_text())["steps"]
+    if corpus.is_complete(work):
+        params = json.loads((corpus.corpus_dir(work) / "stage.json").read_text())["params"]
+        yield (
+            f"seed: the corpus is --hours {params['hours']} --seed {params['seed']} "
+            f"--heldout {params['heldout']}: keep these flags (`train all`, `train corpus`)"
+        )
     for part, src in _checkpoints(source).items():
         dst = _checkpoints(work)[part]
         if not src.is_file():

@@ -263,13 +263,14 @@ def run(
     batch_size: int = 200,
     report: Callable[[str], None] = print,
 ) -> Progress:
-    """Speak the corpus (train, then held-out) into work/teacher; at most `limit` new
-    sentences when given. Writes stage.json once every sentence has its WAV."""
+    """Speak the corpus (held-out, then train) into work/teacher; at most `limit` new
+    sentences when given (the held-out ones first: every check and benchmark hears
+    them). Writes stage.json once every sentence has its WAV."""
     train, heldout = corpus.load(work)
     items = [(s, "train") for s in train] + [(s, "heldout") for s in heldout]
     _check_voice(work, piper)
     wav_dir = teacher_dir(work) / "wav"
-    todo = [s for s, _ in items if not (wav_dir / f"{s.id}.wav").exists()]
+    todo = [s for s in heldout + train if not (wav_dir / f"{s.id}.wav").exists()]
     report(f"teacher: {len(items) - len(todo)} of {len(items)} sentences already spoken")
     if limit is not None:
         todo = todo[:limit]

@@ -7,7 +7,9 @@ training set. One speaker, so the centroids spend their codes on what is said an
 not on who says it. The LM learns text -> tokens; the flow learns tokens -> mel.
 
 On disk (DIR/tokens/): codebook.npz (`mean`, `std` [160], `centroids` [K, 160]),
-tokens.npz (one int16 array per utterance id, length = mel frames / 2) and stage.json.
+tokens.npz (one int16 array per utterance id, length = mel frames / 2; it may also hold
+a snapshot's tokens of sentences whose speech is not on this machine, which only the LM
+reads) and stage.json.
 """
 
 from __future__ import annotations
@@ -89,10 +91,17 @@ def fit(x: torch.Tensor, codes: int, iterations: int, seed: int = 0) -> torch.Te
 
 
 def is_complete(work: Path) -> bool:
-    """Every utterance of the teacher's manifest has its tokens."""
-    if not (tokens_dir(work) / "stage.json").is_file():
+    """Every utterance of the teacher's manifest has its tokens, encoded from its speech
+    on this machine (the manifest they were encoded for is the teacher's now)."""
+    path = tokens_dir(work) / "stage.json"
+    if not path.is_file():
         return False
-    return {u.id for u in feats.utterances(work)} <= set(load_tokens(work))
+    return bool(json.loads(path.read_text()).get("manifest") == feats.manifest_digest(work))
+
+
+def has_tokens(work: Path) -> bool:
+    """Some sentences have tokens (all the LM needs)."""
+    return (tokens_dir(work) / "tokens.npz").is_file()
 
 
 def load_tokens(work: Path) -> dict[str, np.ndarray]:
@@ -105,13 +114,19 @@ def run(work: Path, codes: int = CODES, iterations: int = ITERATIONS) -> Iterato
     out.mkdir(parents=True, exist_ok=True)
     utts = feats.utterances(work)
     if (out / "codebook.npz").is_file():
-        # The codebook stays: the LM and the flow were trained on its codes. Utterances
-        # added since (a corpus that grew) are encoded with it.
+        # The codebook stays: the LM and the flow were trained on its codes. Every
+        # utterance with speech here is encoded with it (again: speech remade on a new
+        # machine differs a little from the one its kept tokens came from, and the flow
+        # pairs tokens with this mel); kept tokens of sentences without speech here (a
+        # snapshot's, `train seed`) stay, for the LM, which needs no audio.
         book = Codebook.load(out / "codebook.npz")
         tokens = load_tokens(work) if (out / "tokens.npz").is_file() else {}
-        new = [u for u in utts if u.id not in tokens]
-        yield f"tokens: the codebook exists; encoding {len(new)} new utterances"
-        tokens.update({u.id: book.encode(feats.load(work, u.id)[1]) for u in new})
+        kept = len(set(tokens) - {u.id for u in utts})
+        yield (
+            f"tokens: the codebook exists; encoding {len(utts)} utterances, keeping the "
+            f"tokens of {kept} sentences without speech here"
+        )
+        tokens.update({u.id: book.encode(feats.load(work, u.id)[1]) for u in utts})
     else:
         mels = {u.id: feats.load(work, u.id)[1] for u in utts}
         train = np.concatenate([pairs(mels[u.id]) for u in utts if u.split == "train"])
@@ -126,6 +141,11 @@ def run(work: Path, codes: int = CODES, iterations: int = ITERATIONS) -> Iterato
         tokens = {uid: book.encode(mel) for uid, mel in mels.items()}
     np.savez(out / "tokens.npz", **tokens)  # type: ignore[arg-type]
     used = len(np.unique(np.concatenate(list(tokens.values()))))
-    summary = {"codes": codes, "used": used, "utterances": len(tokens)}
+    summary = {
+        "codes": len(book.centroids),
+        "used": used,
+        "utterances": len(tokens),
+        "manifest": feats.manifest_digest(work),
+    }
     (out / "stage.json").write_text(json.dumps(summary, indent=2))
-    yield f"tokens: {len(tokens)} utterances, {used} of {codes} codes used"
+    yield f"tokens: {len(tokens)} utterances, {used} of {len(book.centroids)} codes used"
