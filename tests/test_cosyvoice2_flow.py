@@ -532,3 +532,54 @@ def test_bfloat16_caches_halve_a_turns_state_and_move_the_mel_little(flow):
     exact = stream(flow, v, tokens, [4, 8, 16, 25])
     err = (stream(narrow, v, tokens, [4, 8, 16, 25]) - exact).abs().max()
     assert 1e-5 < float(err) < 0.05
+
+
+# -- a shallow start (our own voice) ----------------------------------------------------------
+
+
+def test_a_shallow_start_begins_at_the_paths_point_with_mu_for_the_mel(flow, monkeypatch):
+    """`start_t` t0: the Euler steps start from (1 - (1 - sigma) t0) noise + t0 mu and
+    cover [t0, 1]; with no velocity at all the mel is that start point itself."""
+    import dataclasses
+
+    from voiceagent.model.cosyvoice2.flow import SIGMA_MIN
+    from voiceagent.model.cosyvoice2.flow_encoder import Cache
+
+    shallow = make_flow(dataclasses.replace(SMALL, start_t=0.6))
+    v, tokens = voice(0, seed=1), turn_tokens(9, seed=2)
+    steps = shallow._schedule(torch.zeros(1))
+    assert float(steps[0][0]) == pytest.approx(0.6)
+    assert float(sum(dt for _, dt in steps)) == pytest.approx(0.4)
+    monkeypatch.setattr(type(shallow.estimator), "forward", lambda self, x, *a: x * 0)
+    mel = offline(shallow, v, tokens, None)
+    ids = torch.cat([tokens, torch.full((3,), PAD_TOKEN)])[None]
+    zero = torch.zeros(1, dtype=torch.long)
+    mu, _ = shallow._encode(ids, Cache(None), zero, 0, None)
+    noise = shallow.decoder.rand_noise[:, :, : mu.shape[2]]
+    assert torch.allclose(mel, (1 - (1 - SIGMA_MIN) * 0.6) * noise + 0.6 * mu, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", [[4, 8, 16, 25], [7]])
+def test_a_shallow_start_streams_as_it_runs_offline(schedule):
+    import dataclasses
+
+    shallow = make_flow(dataclasses.replace(SMALL, start_t=0.85))
+    v, tokens = voice(11, seed=1), turn_tokens(41, seed=2)
+    streamed = stream(shallow, v, tokens, schedule)
+    blocks = shallow.stream_blocks(11, schedule, len(tokens))
+    assert (streamed - offline(shallow, v, tokens, blocks)).abs().max() < TOL
+    # and it is another start than the released one
+    assert (streamed - stream(make_flow(), v, tokens, schedule)).abs().max() > 1e-2
+
+
+def test_start_t_is_read_from_the_yaml_and_absent_means_the_released_start(tmp_path):
+    from voiceagent.model.cosyvoice2.loader import flow_config
+    from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, yaml_text
+    from voiceagent.model.cosyvoice2.yaml_config import read_yaml
+    from voiceagent.train.sizes import FLOW_START_T, voice_yaml
+
+    for text, start in ((yaml_text(SIZES["small"]), 0.0), (voice_yaml(), FLOW_START_T)):
+        (tmp_path / "cosyvoice2.yaml").write_text(text)
+        assert flow_config(read_yaml(tmp_path / "cosyvoice2.yaml")).start_t == start
+    with pytest.raises(ValueError, match="start_t"):
+        FlowConfig(start_t=1.0)

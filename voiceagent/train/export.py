@@ -32,17 +32,13 @@ def _half(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def write(work: Path, out: Path) -> Path:
     """The directory at `out` (replaced whole, never left half-written)."""
-    from ..model.cosyvoice2.random_checkpoint import yaml_text
     from . import flow_train, lm_train, vocoder_train
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     header = "# voiceagent's own English voice, made by `voiceagent train` (docs/training.md)\n"
-    # repetition-aware sampling redraws a token seen in the last 10 with probability
-    # above tau_r: 0.1 (CosyVoice2's) would redraw 8.7 % of the teacher's own tokens
-    # (ours repeat more than its codes do), 0.25 under 1 %
-    yaml = yaml_text(sizes.VOICE).split("\n", 1)[1].replace("tau_r: 0.1", "tau_r: 0.25")
+    yaml = sizes.voice_yaml().split("\n", 1)[1]
     (tmp / "cosyvoice2.yaml").write_text(header + yaml)
     shutil.copytree(lm_train.tokenizer_dir(work), tmp / "CosyVoice-BlankEN")
     torch.save(_half(lm_train.export_state(work)), tmp / "llm.pt")

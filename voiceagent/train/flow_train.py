@@ -51,10 +51,9 @@ from torch import Tensor
 from ..model.contract import PAD_TOKEN
 from ..model.cosyvoice2.flow import CosyFlow, FlowConfig
 from ..model.cosyvoice2.loader import flow_config
-from ..model.cosyvoice2.random_checkpoint import yaml_text
 from ..model.cosyvoice2.yaml_config import read_yaml
 from . import feats, tokens
-from .sizes import VOICE
+from .sizes import VOICE, voice_yaml
 from .update import step_precision, update
 
 # The keys of `sizes.VOICE` that size the flow.
@@ -110,7 +109,7 @@ def config(sizes: dict[str, int]) -> FlowConfig:
     """The FlowConfig the loader reads from a directory written with these sizes."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "cosyvoice2.yaml"
-        path.write_text(yaml_text({**VOICE, **sizes}))
+        path.write_text(voice_yaml(sizes))
         return flow_config(read_yaml(path))
 
 

@@ -7,9 +7,10 @@ chunk late in a turn costs about what an early one does.
 
 Inference, as released: token embeddings -> conformer encoder (25 Hz, then upsampled to
 50 Hz) -> a linear projection `mu`; then 10 Euler steps of conditional flow matching on a
-cosine time schedule, starting from a fixed noise (seed 0) indexed by absolute mel frame,
-with classifier-free guidance (rate 0.7: rows conditioned on mu, speaker and prompt mel,
-against rows where all three are zero). The prompt's tokens precede the turn's tokens,
+cosine time schedule, starting from a fixed noise (seed 0) indexed by absolute mel frame
+(our own voice starts part-way, `FlowConfig.start_t`), with classifier-free guidance
+(rate 0.7: rows conditioned on mu, speaker and prompt mel, against rows where all
+three are zero). The prompt's tokens precede the turn's tokens,
 and the prompt's mel conditions the prompt's own frames; those frames are computed and
 discarded, but every later frame attends to them.
 
@@ -111,6 +112,11 @@ class FlowConfig:
     n_timesteps: int = 10
     cfg_rate: float = 0.7
     static_chunk_size: int = 25  # tokens of the released chunk mask; prompt priming grid
+    # Where the Euler steps start: 0, the released way, from the noise alone; t0 > 0, a
+    # shallow start from the noise and the encoder's mu mixed as the path has them at t0
+    # (our own voice, whose encoder is trained to put mu on the mel: `start_t` in the
+    # yaml's cfm_params, a key the released files do not have)
+    start_t: float = 0.0
     noise_frames: int = 50 * 300  # fixed noise length (300 s); wraps past the end
     noise_seed: int = 0
 
@@ -119,6 +125,8 @@ class FlowConfig:
             raise ValueError("encoder_dim must be a multiple of encoder_heads")
         if self.decoder_blocks < 1 or self.static_chunk_size < 1:
             raise ValueError("decoder_blocks and static_chunk_size must be >= 1")
+        if not 0.0 <= self.start_t < 1.0:
+            raise ValueError(f"start_t must be in [0, 1), got {self.start_t}")
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,9 @@ def _merged(st: State) -> State:
             own = key[:-3] + "." + key[-1]  # "x.pk" -> "x.k"
             out[own] = torch.cat([st[key], st[own]], dim=2)
     return out
+
+
+SIGMA_MIN = 1e-6  # the released cfm_params' sigma_min
 
 
 class FlowMatching(nn.Module):
@@ -222,9 +233,11 @@ class CosyFlow(FlowStage):
 
     def _schedule(self, like: Tensor) -> list[tuple[Tensor, Tensor]]:
         """(t, dt) per Euler step, accumulated in the reference's order and precision."""
-        n = self.cfg.n_timesteps
+        n, t0 = self.cfg.n_timesteps, self.cfg.start_t
         span = torch.linspace(0, 1, n + 1, device=like.device, dtype=like.dtype)
         span = 1 - torch.cos(span * 0.5 * torch.pi)
+        if t0:  # the same cosine steps over [t0, 1]
+            span = t0 + (1 - t0) * span
         t, dt = span[0], span[1] - span[0]
         steps = []
         for i in range(1, n + 1):
@@ -284,6 +297,8 @@ class CosyFlow(FlowStage):
         noise = self.decoder.rand_noise[0]
         idx = (frame0[:, None] + torch.arange(frames, device=mu.device)) % noise.shape[1]
         x = noise[:, idx].permute(1, 0, 2).to(mu.dtype)  # [b, mel, frames]
+        if t0 := cfg.start_t:  # the flow's path at t0, with mu standing in for the mel
+            x = (1 - (1 - SIGMA_MIN) * t0) * x + t0 * mu
         # CFG rows per session: (conditioned, unconditioned), interleaved.
         mu2 = torch.stack([mu, torch.zeros_like(mu)], 1).flatten(0, 1)
         spk2 = torch.stack([spk, torch.zeros_like(spk)], 1).flatten(0, 1)
@@ -381,7 +396,7 @@ class CosyFlow(FlowStage):
         noise: Tensor,
         keep: Tensor,
         streaming: bool,
-        sigma_min: float = 1e-6,
+        sigma_min: float = SIGMA_MIN,
         prior: float = 0.0,
     ) -> Tensor:
         """The conditional flow matching loss of one batch, with gradients: the released
