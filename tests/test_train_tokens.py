@@ -87,3 +87,19 @@ def test_speech_made_again_is_encoded_again_and_kept_tokens_without_speech_stay(
     assert set(again) == {"u0", "u1", "banked"} and tokens.is_complete(tmp_path)
     assert np.array_equal(again["u0"], fresh["u0"]) and np.array_equal(again["u1"], fresh["u1"])
     assert again["banked"].tolist() == [1, 2, 3]
+
+
+def test_feats_and_tokens_take_what_a_teacher_cut_short_has_spoken(tmp_path: Path, capsys) -> None:
+    """`teacher --limit` leaves a manifest of the WAVs spoken so far and no stage mark:
+    feats and tokens work on those (the LM and the flow train on them); with nothing
+    spoken, feats says so."""
+    from voiceagent.cli import main
+
+    out = ["--out", str(tmp_path)]
+    assert main(["train", "feats", *out]) == 2
+    assert "spoken nothing" in capsys.readouterr().err
+    add_utterance(tmp_path, "u0", 150.0, 0.8)
+    assert main(["train", "tokens", *out, "--codes", "4"]) == 0
+    said = capsys.readouterr().out
+    assert "has not spoken the whole corpus" in said
+    assert set(tokens.load_tokens(tmp_path)) == {"u0"} and tokens.is_complete(tmp_path)

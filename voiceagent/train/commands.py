@@ -126,11 +126,14 @@ def _needs(name: str, done: Callable[[Path], bool], work: Path, args: argparse.N
 
 
 def _feats(work: Path, args: argparse.Namespace) -> int:
-    if not teacher.is_complete(work, getattr(args, "length_scale", 1.0)):
+    if not (teacher.teacher_dir(work) / "manifest.tsv").is_file():
         print(
-            "error: the teacher stage is not complete (voiceagent train teacher)", file=sys.stderr
+            "error: the teacher has spoken nothing yet (voiceagent train teacher)", file=sys.stderr
         )
         return 2
+    if not teacher.is_complete(work, getattr(args, "length_scale", 1.0)):
+        # a corpus spoken in part (`teacher --limit`) trains on what it has
+        print("feats: the teacher has not spoken the whole corpus: the WAVs it has")
     if feats.is_complete(work):
         print(f"feats: {feats.feats_dir(work)} is complete (skipped)")
         return 0
