@@ -41,5 +41,6 @@ def voice_yaml(sizes: dict[str, int] | None = None) -> str:
     flow starts at `FLOW_START_T`."""
     text = yaml_text({**VOICE, **(sizes or {})}).replace("tau_r: 0.1", "tau_r: 0.25")
     cfg = "                inference_cfg_rate: 0.7\n"
-    assert cfg in text
+    if cfg not in text:
+        raise ValueError("the released yaml layout changed: no inference_cfg_rate to follow")
     return text.replace(cfg, cfg + f"                start_t: {FLOW_START_T}\n")
