@@ -268,6 +268,22 @@ def test_the_teacher_speaks_sentences_and_resumes_without_redoing_them(
     assert not (tmp_path / "teacher" / "stage.json").exists()  # not every sentence yet
 
 
+def test_after_the_held_out_ones_the_teacher_speaks_what_the_lm_has_no_tokens_of(
+    tmp_path, piper
+) -> None:
+    """A seeded work directory keeps the tokens of sentences spoken on an earlier machine:
+    new speech there adds to what the LM reads as well as giving the flow its mel."""
+    corpus.write(tmp_path, Params(hours=0.01, heldout=1, asterisk=False))
+    train, heldout = corpus.load(tmp_path)
+    assert len(train) >= 3
+    (tmp_path / "tokens").mkdir()
+    banked = {s.id: np.zeros(4, np.int16) for s in train[:2]}
+    np.savez(tmp_path / "tokens" / "tokens.npz", **banked)  # type: ignore[arg-type]
+    assert main(["train", "teacher", "--out", str(tmp_path), "--limit", "2"]) == 0
+    spoken_ids = {p.stem for p in (tmp_path / "teacher" / "wav").glob("*.wav")}
+    assert spoken_ids == {heldout[0].id, train[2].id}
+
+
 def test_a_complete_teacher_stage_is_skipped_until_the_corpus_changes(
     tmp_path, piper, capsys
 ) -> None:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from . import corpus
 from .corpus import Sentence
 
@@ -256,6 +258,15 @@ def _check_voice(work: Path, piper: Piper) -> None:
         path.write_text(json.dumps(piper.settings) + "\n")
 
 
+def _banked_token_ids(work: Path) -> set[str]:
+    """Ids of the sentences whose speech tokens the work directory already has."""
+    path = work / "tokens" / "tokens.npz"
+    if not path.is_file():
+        return set()
+    with np.load(path) as f:
+        return set(f.files)
+
+
 def run(
     work: Path,
     piper: Piper,
@@ -263,13 +274,16 @@ def run(
     batch_size: int = 200,
     report: Callable[[str], None] = print,
 ) -> Progress:
-    """Speak the corpus (held-out, then train) into work/teacher; at most `limit` new
-    sentences when given (the held-out ones first: every check and benchmark hears
-    them). Writes stage.json once every sentence has its WAV."""
+    """Speak the corpus into work/teacher: the held-out sentences (every check and
+    benchmark hears them), then the train sentences the LM has no tokens of yet (from an
+    earlier machine's speech, kept by a snapshot), then the rest; at most `limit` new
+    sentences when given. Writes stage.json once every sentence has its WAV."""
     train, heldout = corpus.load(work)
     items = [(s, "train") for s in train] + [(s, "heldout") for s in heldout]
     _check_voice(work, piper)
     wav_dir = teacher_dir(work) / "wav"
+    banked = _banked_token_ids(work)
+    train = sorted(train, key=lambda s: s.id in banked)  # stable: corpus order otherwise
     todo = [s for s in heldout + train if not (wav_dir / f"{s.id}.wav").exists()]
     report(f"teacher: {len(items) - len(todo)} of {len(items)} sentences already spoken")
     if limit is not None:
