@@ -572,14 +572,18 @@ def test_a_shallow_start_streams_as_it_runs_offline(schedule):
     assert (streamed - stream(make_flow(), v, tokens, schedule)).abs().max() > 1e-2
 
 
-def test_start_t_is_read_from_the_yaml_and_absent_means_the_released_start(tmp_path):
+def test_start_t_and_steps_are_read_from_the_yaml_and_absent_mean_the_released_ones(tmp_path):
     from voiceagent.model.cosyvoice2.loader import flow_config
     from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, yaml_text
     from voiceagent.model.cosyvoice2.yaml_config import read_yaml
-    from voiceagent.train.sizes import FLOW_START_T, voice_yaml
+    from voiceagent.train.sizes import FLOW_START_T, FLOW_STEPS, voice_yaml
 
-    for text, start in ((yaml_text(SIZES["small"]), 0.0), (voice_yaml(), FLOW_START_T)):
+    for text, start, steps in (
+        (yaml_text(SIZES["small"]), 0.0, 10),
+        (voice_yaml(), FLOW_START_T, FLOW_STEPS),
+    ):
         (tmp_path / "cosyvoice2.yaml").write_text(text)
-        assert flow_config(read_yaml(tmp_path / "cosyvoice2.yaml")).start_t == start
+        cfg = flow_config(read_yaml(tmp_path / "cosyvoice2.yaml"))
+        assert (cfg.start_t, cfg.n_timesteps) == (start, steps)
     with pytest.raises(ValueError, match="start_t"):
         FlowConfig(start_t=1.0)

@@ -22,7 +22,7 @@ from voiceagent.model.cosyvoice2.flow_decoder import mish
 from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_cosyvoice2
 from voiceagent.train import feats, flow_train
 from voiceagent.train.flow_train import Data, Params, make_batch
-from voiceagent.train.sizes import FLOW_START_T
+from voiceagent.train.sizes import FLOW_START_T, FLOW_STEPS
 
 SMALL = flow_train.flow_sizes(SIZES["small"])
 
@@ -167,7 +167,8 @@ def test_the_exported_flow_loads_with_the_project_loader_and_synthesizes(
     torch.save(flow_train.export_state(tmp_path / "w"), model_dir / "flow.pt")
     yaml = model_dir / "cosyvoice2.yaml"  # our voice's flow start, as the export writes it
     cfg = "inference_cfg_rate: 0.7\n"
-    start = f"{cfg}                start_t: {FLOW_START_T}\n"
+    pad = " " * 16
+    start = f"{cfg}{pad}start_t: {FLOW_START_T}\n{pad}n_timesteps: {FLOW_STEPS}\n"
     yaml.write_text(yaml.read_text().replace(cfg, start))
     model = checkpoint.load(model_dir)
     ours = flow_train.trained_flow(tmp_path / "w")

@@ -71,6 +71,7 @@ def flow_config(yaml: dict[str, Any]) -> FlowConfig:
         mid_blocks=int(est.get("num_mid_blocks", 12)),
         cfg_rate=float(cfm.get("inference_cfg_rate", 0.7)),
         start_t=float(cfm.get("start_t", 0.0)),  # ours (FlowConfig.start_t)
+        n_timesteps=int(cfm.get("n_timesteps", 10)),  # ours; the released code passes 10
         static_chunk_size=int(enc.get("static_chunk_size", 25)),
     )
 
