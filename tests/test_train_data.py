@@ -125,6 +125,46 @@ def test_without_the_asterisk_transcripts_the_corpus_is_ours_alone(tmp_path, cap
     assert "no Asterisk transcripts" in caplog.text
 
 
+WORDNET_HEADER = "  1 This software and database is being provided to you, the LICENSEE, by\n"
+WORDNET_DATA = {  # one line of each data file, in WordNet's format
+    "noun": '00001740 03 n 01 entity 0 | that which is perceived; "the team is a unit"\n',
+    "verb": '00002137 04 v 02 run 0 | move fast; "he ran to the store" ; "she runs 5 miles"\n',
+    "adj": '00003553 00 a 01 able 0 | having the means; "able to swim"; "an able pilot"\n',
+    "adv": '00004000 00 r 01 soon 0 | in the near future; "\u00e9tude"; "he will soon be here"\n',
+}
+
+
+def test_wordnet_examples_become_sentences_with_a_capital_and_a_stop(tmp_path) -> None:
+    """The quoted examples of the glosses, in file order; one with a digit or a letter
+    outside English's (here an é) is left out, and so is the license header."""
+    for part, line in WORDNET_DATA.items():
+        (tmp_path / f"data.{part}").write_text(WORDNET_HEADER + line, encoding="latin-1")
+    assert [w for w, _ in corpus.wordnet_sentences(tmp_path)] == [
+        "The team is a unit.",
+        "He ran to the store.",
+        "Able to swim.",
+        "An able pilot.",
+        "He will soon be here.",
+    ]
+    assert corpus.wordnet_sentences(tmp_path / "absent") == []
+
+
+def test_wordnet_sentences_come_on_top_of_the_hours_and_carry_their_notice(tmp_path) -> None:
+    if not corpus.wordnet_sentences():
+        pytest.skip("wordnet-base is not installed (deploy/setup.sh --test)")
+    plain_train, plain_held = corpus.build(Params(hours=0.3))
+    train, held = corpus.build(Params(hours=0.3, wordnet=500))
+    ours = [s for s in train + held if s.id.startswith("wordnet-")]
+    assert len(ours) == 500
+    assert all(spoken.is_speakable(s.text) and s.text[0].isupper() for s in ours)
+    others = {s.id for s in train + held} - {s.id for s in ours}
+    assert others == {s.id for s in plain_train + plain_held}  # the same templates
+    assert any(s.id.startswith("wordnet-") for s in held)  # held out like the rest
+    main(["train", "corpus", "--out", str(tmp_path), "--hours", "0.3", "--wordnet", "500"])
+    sources = (tmp_path / "corpus" / "SOURCES.md").read_text()
+    assert "| `wordnet-` | 500 |" in sources and "WordNet 3.0 Copyright 2006" in sources
+
+
 def test_the_corpus_stage_writes_its_files_and_then_skips(tmp_path, capsys) -> None:
     assert main(["train", "corpus", "--out", str(tmp_path), "--hours", "0.2"]) == 0
     d = tmp_path / "corpus"

@@ -65,7 +65,9 @@ def write_work(work: Path) -> Path:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     before = torch.get_num_threads()
     work = write_work(tmp_path_factory.mktemp("train") / "w")
-    lm_train.train(work, 8, threads=1, merges=20, say=lambda *_: None)
+    # steps, not seconds: the same LM on a busy machine (SGLang must decode it greedily
+    # as the embedded engine does, and a barely trained LM has near ties)
+    lm_train.train(work, 120, threads=1, merges=20, say=lambda *_: None, max_steps=30)
     flow_train.train(work, 8, steps=2, say=lambda *_: None)
     vocoder_train.train(work, 8, log_every=1)
     torch.set_num_threads(before)
@@ -166,7 +168,7 @@ def test_the_trained_lm_serves_through_sglang_as_the_embedded_engine_decodes(
     assert 4 <= len(ours) <= 30 and theirs == ours
 
 
-# -- snapshots: training carried to another machine --------------------------------------
+# -- seeding: training carried to another machine --------------------------------------
 
 
 def _with_codebook(trained: Path, to: Path) -> Path:
@@ -178,50 +180,47 @@ def _with_codebook(trained: Path, to: Path) -> Path:
     return to
 
 
-def test_a_snapshot_seeds_a_new_work_directory_where_each_part_resumes_at_its_step(
+def test_an_export_seeds_a_new_work_directory_where_each_part_resumes_at_its_step(
     trained: Path, tmp_path: Path
 ) -> None:
-    """A snapshot keeps the codebook, the tokenizer, the three checkpoints in float16
-    without optimizer state, the corpus and its tokens; a new work directory seeded with
-    it (on another machine: the teacher's speech made again) trains each part on from
-    its step, from those weights."""
+    """An export keeps, beside the voice (one copy of the weights, in float16), a
+    training/ folder: each part's training state without weights or optimizer state, the
+    codebook, the corpus and its tokens. A new work directory seeded with it (on another
+    machine: the teacher's speech made again) trains each part on from its step, from
+    the voice's weights."""
     work = _with_codebook(trained, tmp_path / "w")
-    steps = snapshot.write(work, tmp_path / "snap")
-    parts = {
-        "lm": lm_train.checkpoint_path,
-        "flow": lambda w: flow_train.flow_dir(w) / flow_train.CHECKPOINT,
-        "vocoder": lambda w: vocoder_train.vocoder_dir(w) / "checkpoint.pt",
-    }
-    for part, where in parts.items():
-        full = torch.load(where(work), weights_only=True)
-        kept = torch.load(where(tmp_path / "snap"), weights_only=True)
-        assert steps[part] == kept["step"] == full["step"] > 0
-        assert "optimizer" not in kept
-        assert {v.dtype for v in kept["model"].values() if v.is_floating_point()} == {torch.float16}
-        assert where(tmp_path / "snap").stat().st_size < 0.6 * where(work).stat().st_size
+    snap = export.write(work, tmp_path / "snap")
+    steps = json.loads((snap / "TRAINED").read_text())["steps"]
+    kept = snap / snapshot.TRAINING
+    assert json.loads((kept / snapshot.MARK).read_text())["steps"] == steps
+    for part, path in snapshot.checkpoints(work).items():
+        state = torch.load(kept / f"{part}.pt", weights_only=True)
+        assert steps[part] == state["step"] == torch.load(path, weights_only=True)["step"] > 0
+        assert "model" not in state and "optimizer" not in state
+    assert max(p.stat().st_size for p in kept.glob("*.pt")) < 1e5  # no weights there
 
     # a new machine: no codebook, no parts, no tokens, no corpus (the seed brings them)
     fresh = write_work(tmp_path / "fresh")
     shutil.rmtree(corpus.corpus_dir(fresh))
     (tokens.tokens_dir(fresh) / "tokens.npz").unlink()
-    said = list(snapshot.seed(fresh, tmp_path / "snap"))
+    said = list(snapshot.seed(fresh, snap))
     assert said == [
         "seed: the corpus is --hours 0.01 --seed 0 --heldout 1: keep these flags "
         "(`train all`, `train corpus`)",
-        *[f"seed: {part} from step {steps[part]}" for part in parts],
+        *[f"seed: {part} from step {steps[part]}" for part in snapshot.PARTS],
     ]
-    for kept in ("codebook.npz", "tokens.npz"):  # the codes, and the LM's data
-        assert (tokens.tokens_dir(fresh) / kept).read_bytes() == (
-            tokens.tokens_dir(work) / kept
+    for name in ("codebook.npz", "tokens.npz"):  # the codes, and the LM's data
+        assert (tokens.tokens_dir(fresh) / name).read_bytes() == (
+            tokens.tokens_dir(work) / name
         ).read_bytes()
     assert corpus.load(fresh) == corpus.load(work)
     assert (lm_train.tokenizer_dir(fresh) / "config.json").is_file()
-    before = flow_train.export_state(work)
-    seeded = flow_train.export_state(fresh)
-    for key, value in before.items():  # the same weights, in float16's precision
-        assert torch.equal(
-            seeded[key], value.half().float() if value.is_floating_point() else value
-        )
+    assert torch.equal(flow_train.speaker_vector(fresh), flow_train.speaker_vector(work))
+    for module in (lm_train, flow_train, vocoder_train):  # the same weights, as float16 keeps
+        before, seeded = module.export_state(work), module.export_state(fresh)
+        assert before.keys() == seeded.keys()
+        for key, value in before.items():
+            assert torch.allclose(seeded[key].float(), value.float(), rtol=2e-3, atol=1e-4), key
     assert flow_train.train(fresh, 30, steps=1, say=lambda *_: None)["step"] == steps["flow"] + 1
     voc = vocoder_train.train(fresh, 30, max_steps=steps["vocoder"] + 1, log_every=1)
     assert voc["step"] == steps["vocoder"] + 1
@@ -229,12 +228,23 @@ def test_a_snapshot_seeds_a_new_work_directory_where_each_part_resumes_at_its_st
     assert lm["step"] > steps["lm"]
 
 
+def test_a_work_directory_short_of_a_part_never_replaces_an_export(
+    trained: Path, tmp_path: Path
+) -> None:
+    work = _with_codebook(trained, tmp_path / "w")
+    export.write(work, tmp_path / "voice")
+    vocoder_train.vocoder_dir(work).joinpath("checkpoint.pt").unlink()
+    with pytest.raises(FileNotFoundError, match="no checkpoint of vocoder"):
+        export.write(work, tmp_path / "voice")
+    assert (tmp_path / "voice" / "hift.pt").is_file() and not (tmp_path / "voice.tmp").exists()
+
+
 def test_seeding_never_replaces_what_a_work_directory_has(trained: Path, tmp_path: Path):
     work = _with_codebook(trained, tmp_path / "w")
-    snapshot.write(work, tmp_path / "snap")
-    # its own codebook: the snapshot's parts were trained on other codes
+    export.write(work, tmp_path / "snap")
+    # its own codebook: the export's parts were trained on other codes
     assert list(snapshot.seed(work, tmp_path / "snap")) == [
-        f"seed: {work} has its own codebook: the snapshot's parts do not fit it"
+        f"seed: {work} has its own codebook: the export's parts do not fit it"
     ]
     # the same codebook, and a part of its own
     other = write_work(tmp_path / "other")
@@ -247,18 +257,14 @@ def test_seeding_never_replaces_what_a_work_directory_has(trained: Path, tmp_pat
     ).read_bytes()
 
 
-def test_voiceagent_train_snapshot_and_seed(trained: Path, tmp_path: Path, capsys) -> None:
+def test_voiceagent_train_seed_starts_from_an_export(trained: Path, tmp_path: Path, capsys) -> None:
     from voiceagent.cli import main
 
     work, snap = _with_codebook(trained, tmp_path / "w"), tmp_path / "snap"
-    assert main(["train", "snapshot", "--out", str(work), "--to", str(snap)]) == 0
-    assert "snapshot: " in capsys.readouterr().out
+    assert main(["train", "export", "--out", str(work), "--to", str(snap)]) == 0
     fresh = write_work(tmp_path / "fresh")
+    capsys.readouterr()
     assert main(["train", "seed", "--out", str(fresh), "--from", str(snap)]) == 0
     assert "seed: lm from step" in capsys.readouterr().out
     assert main(["train", "seed", "--out", str(fresh), "--from", str(tmp_path)]) == 2
-    assert "not a snapshot" in capsys.readouterr().err
-    # a work directory with nothing trained never replaces a snapshot
-    assert main(["train", "snapshot", "--out", str(tmp_path / "empty"), "--to", str(snap)]) == 2
-    assert "no checkpoint" in capsys.readouterr().err
-    assert (snap / snapshot.MARK).is_file() and (snap / "lm" / "ckpt.pt").is_file()
+    assert "not an export to train on" in capsys.readouterr().err

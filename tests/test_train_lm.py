@@ -105,7 +105,7 @@ def test_the_examples_are_the_corpus_sentences_with_tokens_whether_or_not_spoken
     work,
 ) -> None:
     """The LM reads text and tokens only: a sentence whose speech is not on this machine
-    (its tokens kept by a snapshot) is an example; one without tokens, or not in the
+    (its tokens kept by an export) is an example; one without tokens, or not in the
     corpus, is not; each keeps its corpus split."""
     speech = dict(np.load(work / "tokens" / "tokens.npz"))
     del speech["train-1"]

@@ -68,7 +68,7 @@ def test_tokens_cover_every_utterance_and_a_new_one_keeps_the_codebook(tmp_path:
 def test_speech_made_again_is_encoded_again_and_kept_tokens_without_speech_stay(
     tmp_path: Path,
 ) -> None:
-    """On a new machine (`train seed`), tokens.npz holds a snapshot's tokens and the
+    """On a new machine (`train seed`), tokens.npz holds an export's kept tokens and the
     teacher speaks part of the corpus again: that speech is encoded anew (the flow pairs
     tokens with this mel), and tokens of sentences not spoken here stay, for the LM."""
     for i, f0 in enumerate((120.0, 320.0)):

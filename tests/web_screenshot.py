@@ -3,10 +3,10 @@ web/screenshot-phone.png (a phone, 375x667).
 
     .venv/bin/python tests/web_screenshot.py [--transport webrtc|ws] [--out PATH] [--phone PATH]
 
-Starts a server with the random-weight tiny model on a free port (voiceagent.server.
-background), opens the page in headless Chromium, speaks a sentence and takes each
-screenshot while the mouth is open and the captions mark a word a second into it. Not a
-test; no pytest needed.
+Starts a server with the model `serve` uses by default (voiceagent's own voice where this
+copy ships one, else the tiny model) on a free port (voiceagent.server.background), opens
+the page in headless Chromium, speaks a sentence and takes each screenshot while the mouth
+is open and the captions mark a word a second into it. Not a test; no pytest needed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from playwright.sync_api import sync_playwright
 from web_browser import launch, open_demo, speak, state, wait_turn
 
 from voiceagent.model import checkpoint
-from voiceagent.model.tiny.checkpoint import ensure_tiny
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
 
@@ -34,7 +33,7 @@ def main() -> int:
     parser.add_argument("--phone", type=Path, default=ROOT / "web" / "screenshot-phone.png")
     args = parser.parse_args()
 
-    model = checkpoint.load(ensure_tiny())
+    model = checkpoint.load(checkpoint.default_model_dir())
     with (
         BackgroundServer(model, ServerConfig(port=free_port())) as server,
         sync_playwright() as p,

@@ -105,6 +105,7 @@ def _say(args: argparse.Namespace) -> int:
     from .pipeline.turn import FrameFormat, Turn, TurnFailed, TurnSettings
 
     model = load_model(args.model, args.device)
+    args.voice = args.voice or next(iter(model.voices), "")
     if args.voice not in model.voices:
         print(
             f"unknown voice '{args.voice}'; available: {', '.join(model.voices)}", file=sys.stderr
@@ -260,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("text")
     s.add_argument("-o", "--output", required=True, help="out.ogg, out.opus or out.wav")
     s.add_argument("--model")
-    s.add_argument("--voice", default="agent")
+    s.add_argument("--voice", help="one of the model's voices (default: its first)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--speed", type=float, default=1.0)
     s.add_argument("--bitrate", type=int, default=32000)

@@ -175,6 +175,9 @@ class Peer:
     seen: list[dict[str, Any]] = field(default_factory=list)  # every event, in order
     # (pts, rms, arrival time) of every frame the track delivered
     frames: list[tuple[int, float, float]] = field(default_factory=list)
+    # every frame's mono float samples at 48 kHz, in order, for a peer opened with
+    # keep_audio (tests that hear what arrived)
+    audio: list[np.ndarray] | None = None
     readers: list[asyncio.Task[None]] = field(default_factory=list)
 
     def send(self, message: dict[str, Any]) -> None:
@@ -210,13 +213,15 @@ async def open_peer(
     offer_timeout: float = 10,
     open_timeout: float = 10,
     credential: str | None = None,
+    keep_audio: bool = False,
 ) -> Peer:
     """A peer connected to the server at `base` (http://host:port) with its data channel
     open. Without `mic` the audio is receive-only. `prefetch`: frames the receiver's
-    jitter buffer holds (None: aiortc's default, 4)."""
+    jitter buffer holds (None: aiortc's default, 4). `keep_audio`: keep every received
+    frame's samples in `peer.audio`."""
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     channel = pc.createDataChannel("control")
-    peer = Peer(pc, channel, mic)
+    peer = Peer(pc, channel, mic, audio=[] if keep_audio else None)
 
     @channel.on("message")
     def on_message(message: str) -> None:
@@ -240,6 +245,8 @@ async def open_peer(
             peer.frames.append(
                 (int(frame.pts or 0), float(np.sqrt(np.mean(x**2))), time.monotonic())
             )
+            if peer.audio is not None:
+                peer.audio.append(x)
 
     @pc.on("track")
     def on_track(track: MediaStreamTrack) -> None:

@@ -99,7 +99,9 @@ def decode_opus(turn_frames: list[frames.AudioFrame]) -> np.ndarray:
     return np.concatenate(parts).astype(np.float32) / 32768
 
 
-async def _speak(url: str, text: str, seed: int) -> tuple[TurnSample, list[frames.AudioFrame]]:
+async def speak(url: str, text: str, seed: int) -> tuple[TurnSample, list[frames.AudioFrame]]:
+    """`text` spoken in a session of its own (Opus, sampling seed `seed`): the turn's
+    TTFA and timings, and its audio frames."""
     async with connect(url) as ws:
         client = Client(ws)
         await client.start(sampling={"seed": seed}, format={"codec": "opus"})
@@ -123,9 +125,9 @@ def synthesize(model: SpeechModel, sentences: list[Sentence], max_speech_s: floa
     config = ServerConfig(port=free_port(), playout=playout)
     spoken = []
     with BackgroundServer(model, config) as server:
-        asyncio.run(_speak(server.url, WARM_UP, 0))  # first-call allocations
+        asyncio.run(speak(server.url, WARM_UP, 0))  # first-call allocations
         for s in sentences:
-            sample, turn_frames = asyncio.run(_speak(server.url, s.written, 0))
+            sample, turn_frames = asyncio.run(speak(server.url, s.written, 0))
             spoken.append(Spoken(s, sample, decode_opus(turn_frames)))
     return spoken
 

@@ -31,7 +31,7 @@ from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
 from ..session.playout import PlayoutConfig
 from .clients import Client, connect
-from .ws import TEXTS, VOICES, percentile
+from .ws import TEXTS, percentile
 
 
 @dataclass
@@ -42,12 +42,12 @@ class Turn:
     pcm: np.ndarray  # int16
 
 
-async def _session(url: str, index: int, turns: int) -> list[Turn]:
+async def _session(url: str, index: int, turns: int, voices: list[str]) -> list[Turn]:
     out = []
     async with connect(url) as ws:
         client = Client(ws)
         await client.start(
-            voice=VOICES[index % len(VOICES)], sampling={"seed": index}, format={"codec": "pcm16"}
+            voice=voices[index % len(voices)], sampling={"seed": index}, format={"codec": "pcm16"}
         )
         for t in range(turns):
             sent = time.perf_counter()
@@ -72,10 +72,15 @@ def _acoustic_seconds(server: BackgroundServer) -> float:
 
 
 def _level(
-    server: BackgroundServer, sessions: int, turns: int, alone: list[list[np.ndarray]]
+    server: BackgroundServer,
+    sessions: int,
+    turns: int,
+    alone: list[list[np.ndarray]],
+    voices: list[str],
 ) -> dict[str, Any]:
     async def together() -> list[list[Turn]]:
-        return await asyncio.gather(*(_session(server.url, i, turns) for i in range(sessions)))
+        sessions_ = (_session(server.url, i, turns, voices) for i in range(sessions))
+        return await asyncio.gather(*sessions_)
 
     acoustic0 = _acoustic_seconds(server)
     results = asyncio.run(together())
@@ -110,12 +115,14 @@ def measure(
     model: SpeechModel, levels: list[int], turns: int, lead_ms: int, repeats: int
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
+    voices = list(model.voices)  # sessions spread over the model's voices
     # Each session's turns alone, one session at a time, unpaced: the reference samples.
     # (Alone, both modes run the same computation: a batch of one chunk.)
     unpaced = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
     with BackgroundServer(model, unpaced) as server:
         alone = [
-            [t.pcm for t in asyncio.run(_session(server.url, i, turns))] for i in range(max(levels))
+            [t.pcm for t in asyncio.run(_session(server.url, i, turns, voices))]
+            for i in range(max(levels))
         ]
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {
         m: {n: [] for n in levels} for m in ACOUSTIC_BATCHING
@@ -127,9 +134,9 @@ def measure(
         for mode in order:
             config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=lead_ms))
             with BackgroundServer(model, config, acoustic_batching=mode) as server:
-                asyncio.run(_session(server.url, 0, 1))  # warm-up: first-call allocations
+                asyncio.run(_session(server.url, 0, 1, voices))  # warm-up: first-call allocations
                 for n in levels:
-                    runs[mode][n].append(_level(server, n, turns, alone))
+                    runs[mode][n].append(_level(server, n, turns, alone, voices))
     report: dict[str, Any] = {
         "model": model.name,
         "repeats": repeats,

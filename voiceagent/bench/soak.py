@@ -416,7 +416,7 @@ def measure(model: str | None, opts: Options, out: Path | None = None) -> dict[s
             proc.wait(10)
         if proc.poll() is None:
             proc.kill()
-    report["model"] = model or "tiny"
+    report["model"] = model or "default"  # serve without --model
     (out / "summary.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 

@@ -37,7 +37,7 @@ from ..session.playout import PlayoutConfig
 from . import phone_speech
 from .carriers import SimulatedTwilioCall
 from .clients import connect
-from .ws import TEXTS, VOICES, percentile
+from .ws import TEXTS, percentile
 
 ONSET_RMS = 300.0  # a 20 ms frame of the caller's sentence this loud is speech (~-40 dBFS)
 
@@ -191,10 +191,10 @@ async def _turn(
 
 
 async def one_call(
-    base: str, index: int, sentence: phone_speech.Prompt | None, opts: Options
+    base: str, index: int, sentence: phone_speech.Prompt | None, opts: Options, voices: list[str]
 ) -> CallResult:
     token = secrets.token_urlsafe(24)
-    params = {"token": token, "voice": VOICES[index % len(VOICES)]}
+    params = {"token": token, "voice": voices[index % len(voices)]}  # spread over the voices
     result = CallResult()
     call = SimulatedTwilioCall(f"{base}/v1/telephony/twilio", params)
     try:
@@ -226,14 +226,14 @@ def _stats(values: list[float], q: float) -> float | None:
     return round(percentile(values, q), 1) if values else None
 
 
-async def level(base: str, calls: int, opts: Options) -> dict[str, Any]:
+async def level(base: str, calls: int, opts: Options, voices: list[str]) -> dict[str, Any]:
     sentences = phone_speech.barge_in_sentences(8)
     cpu0, t0 = time.process_time(), time.monotonic()
 
     async def arrive(i: int) -> CallResult:
         await asyncio.sleep(opts.arrive_every_s * i)
         sentence = sentences[i % len(sentences)] if sentences else None
-        return await one_call(base, i, sentence, opts)
+        return await one_call(base, i, sentence, opts, voices)
 
     results = await asyncio.gather(*(arrive(i) for i in range(calls)))
     cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
@@ -285,9 +285,10 @@ def measure(
     with BackgroundServer(model, config) as server:
         base = server.http.replace("http://", "ws://")
         warm = replace(opts, turns=1, listen_s=0.3)
-        asyncio.run(level(base, 1, warm))  # first-call allocations, not measured
+        voices = list(model.voices)
+        asyncio.run(level(base, 1, warm, voices))  # first-call allocations, not measured
         for n in levels:
-            runs.append(asyncio.run(level(base, n, opts)))
+            runs.append(asyncio.run(level(base, n, opts, voices)))
             if not runs[-1]["realtime"]:
                 break
     ok = [r for r in runs if r["realtime"]]

@@ -28,7 +28,6 @@ TEXTS = (
     "I can help with that. Could you tell me the last four digits of your card?",
     "The meeting moved to three thirty, and the room is on the second floor.",
 )
-VOICES = ("agent", "narrator", "supervisor")
 
 
 @dataclass
@@ -45,11 +44,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[idx]
 
 
-async def _client(url: str, index: int, turns: int) -> list[TurnSample]:
+async def _client(url: str, index: int, turns: int, voices: list[str]) -> list[TurnSample]:
     samples = []
     async with connect(url) as ws:
         client = Client(ws)
-        voice = VOICES[index % len(VOICES)]
+        voice = voices[index % len(voices)]  # sessions spread over the model's voices
         await client.send({"type": "session.start", "voice": voice, "sampling": {"seed": index}})
         await client.event(timeout=None)
         for t in range(turns):
@@ -72,9 +71,9 @@ async def _client(url: str, index: int, turns: int) -> list[TurnSample]:
     return samples
 
 
-async def _level(url: str, sessions: int, turns: int) -> dict[str, Any]:
+async def _level(url: str, sessions: int, turns: int, voices: list[str]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(_client(url, i, turns) for i in range(sessions)))
+    results = await asyncio.gather(*(_client(url, i, turns, voices) for i in range(sessions)))
     elapsed = time.perf_counter() - t0
     samples = [s for r in results for s in r]
     ttfa = [s.ttfa_ms for s in samples]
@@ -112,8 +111,9 @@ def measure(
         lm = lm_factory() if mode == "sglang" and lm_factory else None
         with BackgroundServer(model, config, lm) as server:
             url = server.url
-            asyncio.run(_level(url, 1, 1))  # warm-up: first-call allocations
-            report["runs"][mode] = [asyncio.run(_level(url, n, turns)) for n in levels]
+            voices = list(model.voices)
+            asyncio.run(_level(url, 1, 1, voices))  # warm-up: first-call allocations
+            report["runs"][mode] = [asyncio.run(_level(url, n, turns, voices)) for n in levels]
         # The headline: the highest concurrency level measured.
         report[mode] = report["runs"][mode][-1]
     s, b = report["streaming"], report["baseline"]

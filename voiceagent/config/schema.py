@@ -129,7 +129,11 @@ class PlayoutSection(Section):
 
 
 class ModelSection(Section):
-    path: str = setting("", "model directory (empty: the random-weight tiny model)", "--model")
+    path: str = setting(
+        "",
+        "model directory (empty: voiceagent's own voice; tiny: the random-weight test model)",
+        "--model",
+    )
     device: str = setting(
         "auto", "cpu, cuda or cuda:N (auto: cuda if torch sees a GPU)", "--device"
     )

@@ -48,6 +48,7 @@ def _corpus_params(args: argparse.Namespace) -> corpus.Params:
         seed=getattr(args, "seed", defaults.seed),
         heldout=getattr(args, "heldout", defaults.heldout),
         asterisk=not getattr(args, "no_asterisk", False),
+        wordnet=getattr(args, "wordnet", defaults.wordnet),
     )
 
 
@@ -60,6 +61,12 @@ def _corpus_flags(p: argparse.ArgumentParser) -> None:
         "--no-asterisk",
         action="store_true",
         help="leave out the Asterisk prompt transcripts (CC-BY-SA 3.0): our own text only",
+    )
+    p.add_argument(
+        "--wordnet",
+        type=int,
+        default=d.wordnet,
+        help="WordNet example sentences to add, not counted in --hours (Debian wordnet-base)",
     )
 
 
@@ -169,7 +176,7 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
 
 def _lm(work: Path, args: argparse.Namespace) -> int:
     # Any tokens will do: the LM reads no audio, so after `seed` it can train on the
-    # snapshot's tokens while the teacher speaks again for the flow and the vocoder.
+    # export's kept tokens while the teacher speaks again for the flow and the vocoder.
     if (code := _needs("tokens", tokens.has_tokens, work, args)) != 0:
         return code
     lm_train.train(work, 60 * args.budget_min, threads=args.threads)
@@ -214,22 +221,11 @@ def _export_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _export(work: Path, args: argparse.Namespace) -> int:
-    missing = [
-        name
-        for name, path in (
-            ("lm", lm_train.checkpoint_path(work)),
-            ("flow", flow_train.flow_dir(work) / flow_train.CHECKPOINT),
-            ("vocoder", vocoder_train.vocoder_dir(work) / "checkpoint.pt"),
-        )
-        if not path.is_file()
-    ]
-    if missing:
-        print(
-            f"error: no checkpoint of {', '.join(missing)} yet (voiceagent train ...)",
-            file=sys.stderr,
-        )
+    try:
+        out = export.write(work, getattr(args, "to", export.SHIPPED))
+    except FileNotFoundError as exc:
+        print(f"error: {exc} (voiceagent train ...)", file=sys.stderr)
         return 2
-    out = export.write(work, getattr(args, "to", export.SHIPPED))
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     print(f"export: {out} ({size / 1e6:.1f} MB), voice {export.NAME!r}")
     return 0
@@ -250,33 +246,13 @@ def _check(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
-def _snapshot_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--to",
-        type=Path,
-        default=snapshot.IN_CHECKOUT,
-        help="the snapshot directory to write (default: the checkout's deploy/voice-en-snapshot)",
-    )
-
-
-def _snapshot(work: Path, args: argparse.Namespace) -> int:
-    try:
-        steps = snapshot.write(work, args.to)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    size = sum(p.stat().st_size for p in args.to.rglob("*") if p.is_file())
-    print(f"snapshot: {args.to} ({size / 1e6:.1f} MB), steps {steps}")
-    return 0
-
-
 def _seed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--from",
         dest="source",
         type=Path,
-        default=snapshot.IN_CHECKOUT,
-        help="the snapshot to start from (default: the checkout's deploy/voice-en-snapshot)",
+        default=export.SHIPPED,
+        help="the export to train on from (default: the voice shipped with voiceagent)",
     )
 
 
@@ -367,14 +343,8 @@ STAGES = [
         _check,
     ),
     Stage(
-        "snapshot",
-        "keep what training cannot remake quickly (codebook, tokenizer, float16 weights)",
-        _snapshot_flags,
-        _snapshot,
-    ),
-    Stage(
         "seed",
-        "start a work directory from a snapshot: each part resumes at its step",
+        "start a work directory from an export (the shipped voice): each part resumes at its step",
         _seed_flags,
         _seed,
     ),

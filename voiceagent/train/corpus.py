@@ -4,8 +4,11 @@ held-out, the same for the same parameters on any machine.
 Sources:
 - the transcripts of Debian's Asterisk prompts (`asterisk-core-sounds-en`, CC-BY-SA 3.0),
   when that file is installed; without it the corpus is ours alone (a logged note);
+- WordNet's example sentences (Debian `wordnet-base`, the WordNet 3.0 license), `wordnet`
+  of them in a seeded order, when installed: everyday English of every kind, which the
+  templates are not; they are not counted in `hours`;
 - sentences from our own templates (templates.py), drawn with a seeded generator until
-  the train set holds about `hours` of speech.
+  the Asterisk and template sentences hold about `hours` of train speech.
 
 On disk (DIR/corpus/): train.tsv and heldout.tsv (columns id, text, written; text is the
 spoken form the teacher speaks and the LM reads), SOURCES.md (provenance, licenses,
@@ -40,6 +43,7 @@ MIN_WORDS, MAX_WORDS = 3, 20  # spoken words: spelled codes make spoken forms lo
 WORDS_PER_SECOND = 3.6
 PAUSE_SECONDS = 0.33  # Piper's leading and trailing silence, about
 COLUMNS = ("id", "text", "written")
+WORDNET = Path("/usr/share/wordnet")  # Debian's wordnet-base
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,7 @@ class Params:
     seed: int = 0
     heldout: int = 200  # held-out sentences (the WER benchmark needs 100 or more)
     asterisk: bool = True  # include the Asterisk prompt transcripts (CC-BY-SA 3.0)
+    wordnet: int = 0  # WordNet example sentences to add (not counted in hours)
 
 
 def estimate_seconds(text: str) -> float:
@@ -101,16 +106,41 @@ def asterisk_sentences(path: Path = TRANSCRIPTS) -> list[tuple[str, str]]:
     return found
 
 
+def wordnet_sentences(path: Path = WORDNET) -> list[tuple[str, str]]:
+    """(written, spoken) of each example sentence of WordNet's glosses (the quoted parts
+    after `|` in data.noun, data.verb, data.adj, data.adv), in file order, with a capital
+    and a final stop. Only those of plain letters and punctuation (no digits, symbols or
+    foreign letters); empty when WordNet is not installed."""
+    found: list[tuple[str, str]] = []
+    for part in ("noun", "verb", "adj", "adv"):
+        data = path / f"data.{part}"
+        if not data.is_file():
+            return []
+        for line in data.read_text(encoding="latin-1").splitlines():
+            if line.startswith("  ") or "|" not in line:  # the license header; no gloss
+                continue
+            for quote in re.findall(r'"([^"]+)"', line.split("|", 1)[1]):
+                text = " ".join(quote.split()).strip(" ;,")
+                if not re.fullmatch(r"[A-Za-z][A-Za-z ,.'?!;:-]*", text):
+                    continue
+                if text[-1] not in ".!?":
+                    text += "."
+                text = text[0].upper() + text[1:]
+                found.append((text, normalize_english(text)))
+    return found
+
+
 class _Pool:
     """Sentences in the order they were found, one per distinct text."""
 
     def __init__(self) -> None:
         self.sentences: list[Sentence] = []
-        self.seconds = 0.0
+        self.seconds = 0.0  # of the sentences counted in `hours`
+        self.counted = 0
         self._seen: set[str] = set()
         self.rejected = 0
 
-    def add(self, source: str, written: str, spoken: str) -> bool:
+    def add(self, source: str, written: str, spoken: str, counted: bool = True) -> bool:
         key = _key(spoken)
         if key in self._seen:
             return False
@@ -119,11 +149,15 @@ class _Pool:
             return False
         self._seen.add(key)
         self.sentences.append(_sentence(source, written, spoken))
-        self.seconds += estimate_seconds(spoken)
+        if counted:
+            self.seconds += estimate_seconds(spoken)
+            self.counted += 1
         return True
 
 
-def build(params: Params, transcript: Path = TRANSCRIPTS) -> tuple[list[Sentence], list[Sentence]]:
+def build(
+    params: Params, transcript: Path = TRANSCRIPTS, wordnet: Path = WORDNET
+) -> tuple[list[Sentence], list[Sentence]]:
     """(train, held-out). Held-out sentences are the ones whose seeded hash is smallest,
     so they are a random mix of every source; no held-out text occurs in train."""
     pool = _Pool()
@@ -133,15 +167,25 @@ def build(params: Params, transcript: Path = TRANSCRIPTS) -> tuple[list[Sentence
             log.info("no Asterisk transcripts at %s: template sentences only", transcript)
         for written, spoken in prompts:
             pool.add("ast", written, spoken)
+    if params.wordnet:
+        examples = wordnet_sentences(wordnet)
+        if not examples:
+            log.info("no WordNet at %s (Debian wordnet-base): no WordNet sentences", wordnet)
+        random.Random(f"wordnet:{params.seed}").shuffle(examples)
+        added = 0
+        for written, spoken in examples:
+            if added == params.wordnet:
+                break
+            added += pool.add("wordnet", written, spoken, counted=False)
     rng = random.Random(params.seed)
     target = params.hours * 3600
     misses = 0
 
     def train_seconds() -> float:
-        n = len(pool.sentences)
+        n = pool.counted
         return pool.seconds * (1 - params.heldout / n) if n > params.heldout else 0.0
 
-    while train_seconds() < target or len(pool.sentences) <= params.heldout:
+    while train_seconds() < target or pool.counted <= params.heldout:
         kind, written, spoken = templates.generate(rng)
         if pool.add(kind, written, spoken):
             misses = 0
@@ -203,6 +247,7 @@ def _params_json(params: Params) -> dict[str, object]:
         "seed": params.seed,
         "heldout": params.heldout,
         "asterisk": params.asterisk,
+        "wordnet": params.wordnet,
     }
 
 
@@ -211,12 +256,14 @@ def load(work: Path) -> tuple[list[Sentence], list[Sentence]]:
     return read_tsv(d / "train.tsv"), read_tsv(d / "heldout.tsv")
 
 
-def write(work: Path, params: Params, transcript: Path = TRANSCRIPTS) -> dict[str, object]:
+def write(
+    work: Path, params: Params, transcript: Path = TRANSCRIPTS, wordnet: Path = WORDNET
+) -> dict[str, object]:
     """Build the corpus and write it under work/corpus; returns what stage.json holds."""
     d = corpus_dir(work)
     d.mkdir(parents=True, exist_ok=True)
     (d / "stage.json").unlink(missing_ok=True)  # incomplete until the end
-    train, heldout = build(params, transcript)
+    train, heldout = build(params, transcript, wordnet)
     write_tsv(d / "train.tsv", train)
     write_tsv(d / "heldout.tsv", heldout)
     sources = Counter(s.id.split("-")[0] for s in train + heldout)
@@ -234,21 +281,36 @@ def write(work: Path, params: Params, transcript: Path = TRANSCRIPTS) -> dict[st
     return summary
 
 
+WORDNET_NOTICE = """WordNet 3.0 Copyright 2006 by Princeton University. All rights reserved.
+THIS SOFTWARE AND DATABASE IS PROVIDED "AS IS" AND PRINCETON UNIVERSITY MAKES NO
+REPRESENTATIONS OR WARRANTIES, EXPRESS OR IMPLIED. BY WAY OF EXAMPLE, BUT NOT LIMITATION,
+PRINCETON UNIVERSITY MAKES NO REPRESENTATIONS OR WARRANTIES OF MERCHANTABILITY OR FITNESS
+FOR ANY PARTICULAR PURPOSE OR THAT THE USE OF THE LICENSED SOFTWARE, DATABASE OR
+DOCUMENTATION WILL NOT INFRINGE ANY THIRD PARTY PATENTS, COPYRIGHTS, TRADEMARKS OR OTHER
+RIGHTS."""
+
+
 def sources_md(summary: dict[str, object], transcript: Path) -> str:
     sources = summary["sources"]
     assert isinstance(sources, dict)
-    ast = sources.get("ast", 0)
-    made = sum(n for k, n in sources.items() if k != "ast")
-    kinds = ", ".join(f"`{k}` {n}" for k, n in sources.items() if k != "ast")
+    ast, wn = sources.get("ast", 0), sources.get("wordnet", 0)
+    ours = {k: n for k, n in sources.items() if k not in ("ast", "wordnet")}
+    kinds = ", ".join(f"`{k}` {n}" for k, n in ours.items())
     asterisk_row = (
         "| Asterisk core prompts' transcripts (Debian `asterisk-core-sounds-en`, "
         f"`{transcript}`; recorded by Allison Smith, 2003-2010), cut into sentences, "
         f"stage directions dropped | `ast-` | {ast} | CC-BY-SA 3.0: attribution, "
         "share-alike for derived text |"
     )
+    wordnet_row = (
+        "| WordNet 3.0's example sentences (Debian `wordnet-base`, the quoted examples of "
+        "the glosses in `/usr/share/wordnet/data.*`), plain letters only, a capital and a "
+        f"final stop added | `wordnet-` | {wn} | the WordNet 3.0 license (permissive; its "
+        "notice below goes with every copy) |"
+    )
     own_row = (
         "| voiceagent's own templates and word lists (voiceagent/train/templates.py), "
-        f"seeded: {kinds} | `<kind>-` | {made} | Apache-2.0, as voiceagent |"
+        f"seeded: {kinds} | `<kind>-` | {sum(ours.values())} | Apache-2.0, as voiceagent |"
     )
     return f"""# Corpus sources
 
@@ -265,8 +327,14 @@ same sentence as typed). No held-out text occurs in train.
 | source | ids | sentences | license |
 | --- | --- | --- | --- |
 {asterisk_row}
+{wordnet_row}
 {own_row}
 
 Rows with `ast-` ids come from a CC-BY-SA 3.0 work: keep this file with the corpus, and
 make it again with `--no-asterisk` for a corpus of our own text alone.
+
+Rows with `wordnet-` ids come from WordNet, whose license asks that this notice appear
+on all copies:
+
+{WORDNET_NOTICE}
 """

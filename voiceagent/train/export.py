@@ -5,8 +5,9 @@ What is written: cosyvoice2.yaml (the voice's sizes, `sizes.VOICE`), CosyVoice-B
 (the LM stage's byte-level tokenizer and Qwen2 config), llm.pt, flow.pt, hift.pt (stored
 in float16 to halve the files: the loader copies them into float32 parameters),
 spk2info.pt (one voice, NAME: the flow stage's speaker vector and no prompt, so a turn
-is conditioned as most training examples were) and TRAINED (where the weights came
-from, as JSON; its presence tells the server the voice is not random).
+is conditioned as most training examples were), TRAINED (where the weights came from,
+as JSON; its presence tells the server the voice is not random) and training/ (what
+`train seed` needs to train on from this voice on another machine: snapshot.py).
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ def _half(state: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 def write(work: Path, out: Path) -> Path:
-    """The directory at `out` (replaced whole, never left half-written)."""
-    from . import flow_train, lm_train, vocoder_train
+    """The directory at `out` (replaced whole, never left half-written). A work directory
+    without all three parts is refused (FileNotFoundError) and `out` is left as it was."""
+    from . import flow_train, lm_train, snapshot, vocoder_train
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    steps = snapshot.keep(work, tmp / snapshot.TRAINING)  # refuses before writing a file
     header = "# voiceagent's own English voice, made by `voiceagent train` (docs/training.md)\n"
     yaml = sizes.voice_yaml().split("\n", 1)[1]
     (tmp / "cosyvoice2.yaml").write_text(header + yaml)
@@ -54,6 +56,7 @@ def write(work: Path, out: Path) -> Path:
         "corpus": "voiceagent's own template sentences and the Asterisk core sound "
         "prompts' transcripts (CC-BY-SA 3.0)",
         "sizes": sizes.VOICE,
+        "steps": steps,
     }
     (tmp / "TRAINED").write_text(json.dumps(provenance, indent=2) + "\n")
     if out.exists():

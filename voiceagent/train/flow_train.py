@@ -306,7 +306,7 @@ def train(
     step, seconds = 0, 0.0
     if ckpt is not None:
         flow.load_state_dict(ckpt["model"])
-        if "optimizer" in ckpt:  # a snapshot's checkpoint has none (train/snapshot.py)
+        if "optimizer" in ckpt:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(ckpt["optimizer"])
         step, seconds = int(ckpt["step"]), float(ckpt["seconds"])
     speaker = speaker_vector(work)

@@ -214,7 +214,7 @@ def load_examples(
     work: Path, tokenizer: QwenTextTokenizer, language: str = LANGUAGE
 ) -> tuple[list[Example], list[Example]]:
     """(train, held-out) examples: every corpus sentence that has speech tokens, whether
-    its speech is on this machine or only its tokens are (a snapshot's, `train seed`):
+    its speech is on this machine or only its tokens are (an export's, `train seed`):
     the LM reads text and tokens, never audio."""
     speech = tokens.load_tokens(work)
     train_text, heldout_text = corpus.load(work)
@@ -529,7 +529,7 @@ class Trainer:
         lm.load_state_dict(state["model"])
         lm.llm.model.lm_head.weight = lm.llm.model.model.embed_tokens.weight
         opt = optimizer(lm, h)
-        if "optimizer" in state:  # a snapshot's checkpoint has none (train/snapshot.py)
+        if "optimizer" in state:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(state["optimizer"])
         return cls(
             lm,
@@ -595,9 +595,11 @@ def train(
     threads: int = 1,
     merges: int = MERGES,
     say: Any = print,
+    max_steps: int | None = None,
 ) -> dict[str, Any]:
-    """Train for `budget_s` seconds of wall time (evaluations and saves included),
-    continuing from DIR/lm/ckpt.pt if there is one; returns a summary."""
+    """Train for `budget_s` seconds of wall time (evaluations and saves included), or
+    until step `max_steps` when given, continuing from DIR/lm/ckpt.pt if there is one;
+    returns a summary."""
     wall0 = time.monotonic()
     torch.set_num_threads(threads)
     sizes = sizes or VOICE
@@ -660,6 +662,8 @@ def train(
     batches = tr.batches(train_set)
     dt = 0.0
     while time.monotonic() - wall0 + reserve + dt < budget_s:
+        if max_steps is not None and tr.step >= max_steps:
+            break
         t0 = time.monotonic()
         window.append(tr.train_step(next(batches)))
         priors.append(tr.last_prior)

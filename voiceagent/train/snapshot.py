@@ -1,20 +1,24 @@
-"""Stages `snapshot` and `seed`: training carried from one machine to the next.
+"""Training carried from one machine to the next: an export's `training/` folder, and
+stage `seed`.
 
 The three parts train for more hours than one machine may last, and a work directory
-does not outlive its machine. A snapshot is the part of a work directory that cannot be
-remade quickly: the speech-token codebook, the LM's text tokenizer, the three parts'
-checkpoints, with their weights in float16 and without optimizer state (a third of the
-size), and the corpus with the tokens of every sentence the teacher spoke (a few MB for
-many hours). The rest is remade from the corpus: the teacher speaks it again, as much
-of it as the flow and the vocoder need, and the tokens stage encodes that speech with
-the kept codebook, so the codes mean what they meant. The LM, which reads text and
-tokens only, trains on all of the kept tokens: its data outgrows one machine's
-teacher hours.
+does not outlive its machine. So an export (the voice's model directory, what `serve`
+reads, its weights in float16) keeps a `training/` folder beside the voice's files,
+with what training cannot remake quickly: each part's checkpoint without its weights
+and optimizer state (step, sizes, hyper-parameters), the speech-token codebook, and the
+corpus with the tokens of every sentence the teacher spoke (a few MB for many hours).
+The voice the checkout ships (`SHIPPED_VOICE`) is where training goes on from: one copy
+of the weights. The rest is remade from the corpus: the teacher speaks it again, as much of
+it as the flow and the vocoder need, and the tokens stage encodes that speech with the
+kept codebook, so the codes mean what they meant. The LM, which reads text and tokens
+only, trains on all of the kept tokens: its data outgrows one machine's teacher hours.
 
-`seed` copies a snapshot into a work directory. A part that already has a checkpoint
-there keeps it. A seeded part resumes from its step with fresh optimizer moments (the
-trainers accept a checkpoint without optimizer state), and the loader copies the
-float16 weights into float32 parameters.
+`seed` turns an export back into a work directory: each part's checkpoint is its
+training state with the voice's weights (the LM's are its best held-out ones, which
+`export` ships). A part that already has a checkpoint there keeps it. A seeded part
+resumes from its step with fresh optimizer moments (the trainers accept a checkpoint
+without optimizer state), and the loaders copy the float16 weights into float32
+parameters.
 """
 
 from __future__ import annotations
@@ -27,17 +31,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
+from ..model.checkpoint import SHIPPED_VOICE
+from ..model.cosyvoice2.hift import HiFT, load_hift_state
 from . import corpus, flow_train, lm_train, tokens, vocoder_train
 
-MARK = "SNAPSHOT"  # JSON: when, and each part's step
-# Where a checkout keeps the snapshot of the voice in training (not installed with the
-# package: a snapshot is for training, not for serving)
-IN_CHECKOUT = Path(__file__).resolve().parents[2] / "deploy" / "voice-en-snapshot"
+TRAINING = "training"  # an export's folder beside the voice's files
+MARK = "SNAPSHOT"  # in training/: JSON, when, and each part's step
+PARTS = ("lm", "flow", "vocoder")
 
 
-def _checkpoints(work: Path) -> dict[str, Path]:
-    """Each part's checkpoint file in a work directory (or snapshot)."""
+def checkpoints(work: Path) -> dict[str, Path]:
+    """Each part's checkpoint file in a work directory."""
     return {
         "lm": lm_train.checkpoint_path(work),
         "flow": flow_train.flow_dir(work) / flow_train.CHECKPOINT,
@@ -45,25 +51,20 @@ def _checkpoints(work: Path) -> dict[str, Path]:
     }
 
 
-def _extras(work: Path) -> list[Path]:
-    """What each part needs beside its checkpoint: the codebook, the tokenizer, the
-    flow's speaker vector; and the corpus with its sentences' tokens (the LM's data)."""
+def _kept(root: Path) -> list[Path]:
+    """What a work directory keeps in an export's training/ folder, as paths under
+    `root`: the codebook, and the corpus with its sentences' tokens (the LM's data)."""
     return [
-        tokens.tokens_dir(work) / "codebook.npz",
-        lm_train.tokenizer_dir(work),
-        flow_train.flow_dir(work) / flow_train.SPEAKER,
-        corpus.corpus_dir(work),
-        tokens.tokens_dir(work) / "tokens.npz",
+        tokens.tokens_dir(root) / "codebook.npz",
+        corpus.corpus_dir(root),
+        tokens.tokens_dir(root) / "tokens.npz",
     ]
 
 
-def _light(payload: dict[str, Any]) -> dict[str, Any]:
-    """A checkpoint without its optimizer state, its weights in float16. The LM's best
-    held-out score is dropped with it: its weights (best.pt) are not carried."""
-    out = {k: v for k, v in payload.items() if k != "optimizer"}
-    out["model"] = {
-        k: v.half() if v.is_floating_point() else v for k, v in payload["model"].items()
-    }
+def _state(payload: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint without its weights and optimizer state. The LM's best held-out
+    score goes too: the next held-out evaluation starts that record again."""
+    out = {k: v for k, v in payload.items() if k not in ("model", "optimizer")}
     if isinstance(out.get("extra"), dict):
         out["extra"] = {k: v for k, v in out["extra"].items() if k != "best_heldout_ce"}
     return out
@@ -77,61 +78,76 @@ def _copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def write(work: Path, to: Path) -> dict[str, int]:
-    """The snapshot of `work` at `to` (replaced whole); returns each part's step. A work
-    directory with no checkpoint is refused: it would replace a snapshot with nothing."""
-    if not any(path.is_file() for path in _checkpoints(work).values()):
-        raise FileNotFoundError(f"{work}: no checkpoint of lm, flow or vocoder to keep")
-    tmp = to.with_name(to.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+def keep(work: Path, folder: Path) -> dict[str, int]:
+    """Write `work`'s training state into `folder` (an export's training/); returns each
+    part's step. A work directory without all three parts is refused."""
+    missing = [part for part, path in checkpoints(work).items() if not path.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{work}: no checkpoint of {', '.join(missing)} to keep")
+    folder.mkdir(parents=True, exist_ok=True)
     steps = {}
-    for part, path in _checkpoints(work).items():
-        if not path.is_file():
-            continue
+    for part, path in checkpoints(work).items():
         payload = torch.load(path, map_location="cpu", weights_only=True)
         steps[part] = int(payload["step"])
-        target = _checkpoints(tmp)[part]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(_light(payload), target)
-    for src, dst in zip(_extras(work), _extras(tmp), strict=True):
+        torch.save(_state(payload), folder / f"{part}.pt")
+    for src, dst in zip(_kept(work), _kept(folder), strict=True):
         if src.exists():
             _copy(src, dst)
     mark = {"made": time.strftime("%Y-%m-%d %H:%M"), "steps": steps}
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / MARK).write_text(json.dumps(mark, indent=2) + "\n")
-    if to.exists():
-        shutil.rmtree(to)
-    tmp.rename(to)
+    (folder / MARK).write_text(json.dumps(mark, indent=2) + "\n")
     return steps
 
 
-def seed(work: Path, source: Path) -> Iterator[str]:
-    """Copy the snapshot at `source` into `work`, part by part, never over what is there."""
-    if not (source / MARK).is_file():
-        raise FileNotFoundError(f"{source}: not a snapshot (no {MARK} file)")
-    # The codebook and the tokenizer go with the checkpoints trained on them: one that
-    # is already in the work directory keeps the parts there, and the snapshot's are
-    # not used.
+def _weights(source: Path, part: str, state: dict[str, Any]) -> dict[str, Tensor]:
+    """A part's weights in its trainer's key layout, from the voice's files."""
+    if part == "lm":  # llm.pt's keys are the trainer's (the tied head included)
+        return dict(torch.load(source / "llm.pt", map_location="cpu", weights_only=True))
+    if part == "flow":  # flow.pt's keys are the trainer's
+        return dict(torch.load(source / "flow.pt", map_location="cpu", weights_only=True))
+    # hift.pt has weight-normed layers as (g, v) pairs: fold them in float32
+    released = torch.load(source / "hift.pt", map_location="cpu", weights_only=True)
+    hift = HiFT(vocoder_train.hift_config({"hift_channels": int(state["hift_channels"])}))
+    load_hift_state(hift, {k: v.float() for k, v in released.items()})
+    return hift.state_dict()
+
+
+def seed(work: Path, source: Path = SHIPPED_VOICE) -> Iterator[str]:
+    """Start `work` from the export at `source`, part by part, never over what is there."""
+    kept = source / TRAINING
+    if not (kept / MARK).is_file():
+        raise FileNotFoundError(f"{source}: no {TRAINING}/{MARK}: not an export to train on")
+    # The codebook and the tokenizer go with the parts trained on them: a work directory
+    # with a codebook of its own keeps its parts, and the export's are not used.
     book = tokens.tokens_dir(work) / "codebook.npz"
     if book.exists():
-        yield f"seed: {work} has its own codebook: the snapshot's parts do not fit it"
+        yield f"seed: {work} has its own codebook: the export's parts do not fit it"
         return
-    for src, dst in zip(_extras(source), _extras(work), strict=True):
+    for src, dst in zip(_kept(kept), _kept(work), strict=True):
         if src.exists() and not dst.exists():
             _copy(src, dst)
-    steps = json.loads((source / MARK).read_text())["steps"]
+    if not lm_train.tokenizer_dir(work).exists():
+        _copy(source / "CosyVoice-BlankEN", lm_train.tokenizer_dir(work))
+    speaker = flow_train.flow_dir(work) / flow_train.SPEAKER
+    if not speaker.exists():
+        info = torch.load(source / "spk2info.pt", map_location="cpu", weights_only=True)
+        speaker.parent.mkdir(parents=True, exist_ok=True)
+        (entry,) = info.values()  # an export has one voice
+        torch.save(entry["embedding"].reshape(-1).clone(), speaker)
+    steps = json.loads((kept / MARK).read_text())["steps"]
     if corpus.is_complete(work):
         params = json.loads((corpus.corpus_dir(work) / "stage.json").read_text())["params"]
-        yield (
-            f"seed: the corpus is --hours {params['hours']} --seed {params['seed']} "
-            f"--heldout {params['heldout']}: keep these flags (`train all`, `train corpus`)"
-        )
-    for part, src in _checkpoints(source).items():
-        dst = _checkpoints(work)[part]
-        if not src.is_file():
-            continue
+        flags = f"--hours {params['hours']} --seed {params['seed']} --heldout {params['heldout']}"
+        if params.get("wordnet"):
+            flags += f" --wordnet {params['wordnet']}"
+        if params.get("asterisk") is False:
+            flags += " --no-asterisk"
+        yield f"seed: the corpus is {flags}: keep these flags (`train all`, `train corpus`)"
+    for part, dst in checkpoints(work).items():
         if dst.exists():
             yield f"seed: {part} keeps its own checkpoint"
             continue
-        _copy(src, dst)
+        state = torch.load(kept / f"{part}.pt", map_location="cpu", weights_only=True)
+        state["model"] = _weights(source, part, state)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(state, dst)
         yield f"seed: {part} from step {steps[part]}"

@@ -8,7 +8,7 @@ not on who says it. The LM learns text -> tokens; the flow learns tokens -> mel.
 
 On disk (DIR/tokens/): codebook.npz (`mean`, `std` [160], `centroids` [K, 160]),
 tokens.npz (one int16 array per utterance id, length = mel frames / 2; it may also hold
-a snapshot's tokens of sentences whose speech is not on this machine, which only the LM
+an export's kept tokens of sentences whose speech is not on this machine, which only the LM
 reads) and stage.json.
 """
 
@@ -118,7 +118,7 @@ def run(work: Path, codes: int = CODES, iterations: int = ITERATIONS) -> Iterato
         # utterance with speech here is encoded with it (again: speech remade on a new
         # machine differs a little from the one its kept tokens came from, and the flow
         # pairs tokens with this mel); kept tokens of sentences without speech here (a
-        # snapshot's, `train seed`) stay, for the LM, which needs no audio.
+        # export's, `train seed`) stay, for the LM, which needs no audio.
         book = Codebook.load(out / "codebook.npz")
         tokens = load_tokens(work) if (out / "tokens.npz").is_file() else {}
         kept = len(set(tokens) - {u.id for u in utts})

@@ -444,7 +444,7 @@ def _train(
     step, seconds = 0, 0.0
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
-        if "optimizer" in ckpt:  # a snapshot's checkpoint has none (train/snapshot.py)
+        if "optimizer" in ckpt:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(ckpt["optimizer"])
         step, seconds = int(ckpt["step"]), float(ckpt["seconds"])
     for group in opt.param_groups:
