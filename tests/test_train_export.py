@@ -205,8 +205,8 @@ def test_an_export_seeds_a_new_work_directory_where_each_part_resumes_at_its_ste
     (tokens.tokens_dir(fresh) / "tokens.npz").unlink()
     said = list(snapshot.seed(fresh, snap))
     assert said == [
-        "seed: the corpus is --hours 0.01 --seed 0 --heldout 1: keep these flags "
-        "(`train all`, `train corpus`)",
+        "seed: the corpus is --hours 0.01 --seed 0 --heldout 1 --no-asterisk: keep these "
+        "flags (`train all`, `train corpus`)",
         *[f"seed: {part} from step {steps[part]}" for part in snapshot.PARTS],
     ]
     for name in ("codebook.npz", "tokens.npz"):  # the codes, and the LM's data
