@@ -302,3 +302,27 @@ def test_the_export_takes_the_weights_with_the_lowest_held_out_loss(work) -> Non
     torch.save({"model": marked, "step": best["step"]}, lm_train.best_path(work))
     exported = lm_train.export_state(work)
     assert all(torch.equal(exported[k], v) for k, v in marked.items() if k != lm_train.HEAD)
+
+
+def test_a_best_held_out_score_counts_only_on_the_set_it_was_measured_on(work) -> None:
+    """A grown corpus brings new held-out sentences: the old record (on fewer, easier
+    sentences) must not keep the export on old weights for ever."""
+    hyper = Hyper(batch_positions=400, warmup=5, lr=3e-3, dropout=0.0, checkpoint_s=0.0)
+
+    def train(steps: int) -> int:
+        lm_train.train(
+            work, 60.0, sizes=SMALL, hyper=hyper, merges=40, max_steps=steps, say=lambda s: None
+        )
+        return int(torch.load(lm_train.best_path(work), weights_only=True)["step"])
+
+    first = train(3)
+    ckpt = torch.load(lm_train.checkpoint_path(work), weights_only=True)
+    ckpt["extra"]["best_heldout_ce"] = -1.0  # a record no evaluation beats
+    torch.save(ckpt, lm_train.checkpoint_path(work))
+    assert train(6) == first  # the same held-out set: the record stands
+
+    grown = write_corpus(work, "heldout", [*HELDOUT, "Your code is four four one."])
+    speech = dict(np.load(work / "tokens" / "tokens.npz"))
+    speech[grown[-1].id] = speech_of(grown[-1].text)
+    np.savez(work / "tokens" / "tokens.npz", **speech)  # type: ignore[arg-type]
+    assert train(9) > 6  # a new set: its first evaluation is its best so far

@@ -66,7 +66,7 @@ def _state(payload: dict[str, Any]) -> dict[str, Any]:
     score goes too: the next held-out evaluation starts that record again."""
     out = {k: v for k, v in payload.items() if k not in ("model", "optimizer")}
     if isinstance(out.get("extra"), dict):
-        out["extra"] = {k: v for k, v in out["extra"].items() if k != "best_heldout_ce"}
+        out["extra"] = {k: v for k, v in out["extra"].items() if not k.startswith("best_")}
     return out
 
 
