@@ -75,7 +75,7 @@ def test_the_teacher_is_understood_and_the_noise_of_a_random_model_is_not(
     # the keys other tools read
     assert report["model"] == "tiny"
     ours, tea = report["ours"], report["teacher"]
-    assert ours["sentences"] == 2 and tea["sentences"] == 2  # the first two, in order
+    assert ours["sentences"] == 2 and tea["sentences"] == 2  # two of three, spread, in order
     assert [row["id"] for row in report["per_sentence"]] == ["ast-0", "ast-1"]
     # speech from noise: the teacher's human speech is understood, the tiny model's noise is not
     assert tea["wer"] <= 0.25, report["per_sentence"]
@@ -110,3 +110,14 @@ def test_without_a_held_out_corpus_it_says_which_stages_to_run(tmp_path) -> None
     assert proc.returncode == 2 and proc.stdout == ""
     assert "voiceagent train corpus" in proc.stderr
     assert "voiceagent train teacher" in proc.stderr
+
+
+def test_the_held_out_sample_spreads_over_every_source_in_corpus_order() -> None:
+    """The corpus writes its sources one after another (WordNet's 111 held-out sentences
+    first): the bench's first 30 would all be WordNet, an evenly spaced 30 are not."""
+    held = [f"wordnet-{i}" for i in range(111)] + [f"money-{i}" for i in range(89)]
+    picked = corpus.spread(held, 30)
+    assert len(picked) == 30 and picked[0] == "wordnet-0"
+    assert picked == sorted(picked, key=held.index)  # in order, no repeats
+    assert 13 <= sum(p.startswith("money") for p in picked) <= 14  # in proportion
+    assert corpus.spread(held[:3], 5) == held[:3]  # asking for more gives all

@@ -63,7 +63,7 @@ class Spoken:
 
 
 def heldout(work: Path, n: int) -> list[Sentence]:
-    """The first `n` held-out sentences of the work directory, in order."""
+    """`n` held-out sentences of the work directory, spread over all of them, in order."""
     path = corpus.corpus_dir(work) / "heldout.tsv"
     if not path.is_file():
         raise BenchError(
@@ -71,7 +71,7 @@ def heldout(work: Path, n: int) -> list[Sentence]:
             "and `voiceagent train teacher` first (with --out, if the work directory is "
             "not the default)"
         )
-    sentences = corpus.read_tsv(path)[:n]
+    sentences = corpus.spread(corpus.read_tsv(path), n)
     if not sentences:
         raise BenchError(f"{path} has no sentences: run `voiceagent train corpus` again")
     return sentences

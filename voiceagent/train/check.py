@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..audio.features import MEL_BINS, MEL_FFT, MEL_FMAX, MEL_HOP, MEL_RATE, slaney_mel_filters
-from . import feats, tokens
+from . import corpus, feats, tokens
 from . import wer as meter
 
 GL_ITERATIONS = 32
@@ -105,11 +105,11 @@ def _parts(work: Path, n: int) -> Iterator[tuple[str, Callable[[feats.Utterance]
 
 
 def _heldout(work: Path, n: int) -> list[feats.Utterance]:
-    return [u for u in feats.utterances(work) if u.split == "heldout"][:n]
+    return corpus.spread([u for u in feats.utterances(work) if u.split == "heldout"], n)
 
 
 def run(work: Path, n: int = 20) -> dict[str, Any]:
-    """{part: pooled WER} over the first `n` held-out sentences, and the sentences' count."""
+    """{part: pooled WER} over `n` held-out sentences (spread over the set), and their count."""
     torch.manual_seed(0)
     held = _heldout(work, n)
     report: dict[str, Any] = {"sentences": len(held)}

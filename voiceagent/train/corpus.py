@@ -27,6 +27,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ..bench.phone_speech import TRANSCRIPTS, transcripts
 from ..text.normalize import normalize_english
@@ -224,6 +225,17 @@ def read_tsv(path: Path) -> list[Sentence]:
     if header[:3] != COLUMNS:
         raise ValueError(f"{path}: expected columns {COLUMNS}, got {header}")
     return [Sentence(*line.split("\t")[:3]) for line in lines[1:] if line]
+
+
+T = TypeVar("T")
+
+
+def spread(items: list[T], n: int) -> list[T]:
+    """`n` of `items`, evenly spaced from the first, in order: a held-out sample with
+    every source in it (the corpus writes its sources one after another)."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(n)]
 
 
 def corpus_dir(work: Path) -> Path:
