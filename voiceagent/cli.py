@@ -335,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sentences",
         type=int,
         default=100,
-        help="intelligibility: the first N held-out sentences to speak",
+        help="intelligibility: N held-out sentences to speak, spread over the set",
     )
     s.add_argument(
         "--work",
