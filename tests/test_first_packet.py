@@ -108,6 +108,10 @@ def test_first_packet_bench_reports_slices_that_add_up(small_dir):
     assert per_token / 2 <= report["optimized"]["flow_cache_bytes_per_token"] < 0.6 * per_token
     whole, windowed = (report[m]["flow_state_bytes_60s_turn"] for m in ("baseline", "optimized"))
     assert 1500 * per_token <= whole and windowed < 0.5 * whole
+    # the LM's decode step through DecodeGraphs: no graphs on the CPU, the same logits
+    decode = report["lm_decode"]
+    assert (decode["dtype"], decode["graphs_captured"]) == ("float32", 0)
+    assert set(decode["step_ms"]) == {"1", "16"} and decode["graphs_logits_max_abs_diff"] < 1e-4
     prefill = report["lm_prefill"]
     assert prefill["cached_positions"] < prefill["prompt_positions"]
     assert prefill["int8_decode_logits_max_abs"] < 0.1 * prefill["logits_max_abs"]

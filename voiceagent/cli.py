@@ -38,7 +38,7 @@ def _settings(args: argparse.Namespace) -> config.Loaded | None:
 def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngine:
     """The engine `serve` runs: the [engine] settings over `model`."""
 
-    from .engine.embedded import EmbeddedEngine, default_threads
+    from .engine.embedded import EmbeddedEngine, default_threads, lm_dtype
 
     engine_settings = settings.engine
     lm = None
@@ -63,6 +63,10 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
         first_audio_first=engine_settings.priority == "first-audio",
         flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
         prompt_tail=engine_settings.flow_prompt_tail,
+        lm_dtype=lm_dtype(
+            engine_settings.lm_precision, model.device, engine_settings.lm_int8 != "off"
+        ),
+        lm_graphs=engine_settings.cuda_graphs == "on" and model.device.type == "cuda",
         # the model's first voice, what a session speaks in when it names none
         warm=list(model.voices.values())[:1],
         warm_hold_backs=[h] if (h := settings.playout.vocoder_hold_back) >= 0 else [],

@@ -33,7 +33,7 @@ import asyncio
 import socket
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -51,6 +51,7 @@ from ..model.speech_model import SpeechModel
 from ..pipeline.turn import ChunkSchedule, FrameFormat, Turn, TurnSettings, TurnStats
 from ..text.normalize import normalize
 from ..text.timing import SpokenSegment
+from .lm_decode import decode_steps
 
 # The first segment is cut at the comma (a clause mark after >= 12 characters).
 TEXT = "Thanks for calling, your order shipped this morning and arrives on Thursday."
@@ -84,6 +85,8 @@ class Mode:
     flow_window_s: float | None = None  # EmbeddedEngine(flow_window=...), in seconds
     warm: bool = False  # the voice's flow state primed at engine start, as `serve` does
     prompt_tail: PromptTail = "rerun"  # EmbeddedEngine(prompt_tail=...)
+    lm_precision: str = "float32"  # EmbeddedEngine(lm_dtype=...)
+    cuda_graphs: bool = False  # EmbeddedEngine(lm_graphs=...)
 
 
 BASELINE = Mode(prefix_cache=False, hold_back=None, crossfade=0)
@@ -99,6 +102,17 @@ OPTIMIZED = Mode(
     warm=True,
     flow_dtype="int8",
     prompt_tail="primed",
+)
+# What `serve` runs on a GPU: bfloat16 LM and flow, the LM's decode steps as CUDA graphs
+# (the int8 kernels and the thread count are the CPU's).
+OPTIMIZED_CUDA = replace(
+    OPTIMIZED,
+    int8_prefill=False,
+    int8_decode=False,
+    threads=None,
+    flow_dtype="bfloat16",
+    lm_precision="bfloat16",
+    cuda_graphs=True,
 )
 
 
@@ -433,7 +447,8 @@ def measure(
 ) -> dict[str, Any]:
     """`turns` measured turns per mode, interleaved, after each mode's first turn (which
     also primes the voice's flow state on its engine; reported as `ttfa_ms_first`)."""
-    modes = modes or {"baseline": BASELINE, "optimized": OPTIMIZED}
+    optimized = OPTIMIZED_CUDA if model.device.type == "cuda" else OPTIMIZED
+    modes = modes or {"baseline": BASELINE, "optimized": optimized}
     voice = next(iter(model.voices.values()))
     engines = {
         name: EmbeddedEngine(
@@ -448,6 +463,8 @@ def measure(
             warm=[voice] if m.warm else [],
             warm_hold_backs=[m.hold_back] if m.warm and m.hold_back is not None else [],
             prompt_tail=m.prompt_tail,
+            lm_dtype=getattr(torch, m.lm_precision),
+            lm_graphs=m.cuda_graphs,
         )
         for name, m in modes.items()
     }
@@ -500,6 +517,7 @@ def measure(
             "mode": asdict(mode),
         }
     report["lm_prefill"] = prefill_ms(model, voice)
+    report["lm_decode"] = decode_steps(model, getattr(torch, optimized.lm_precision))
     report["threads"] = threads
     # `chunking: reference` (float32 flow): the released streaming itself, at the cost
     # of a first chunk that fills the prompt's last grid block
@@ -580,4 +598,13 @@ def table(report: dict[str, Any]) -> str:
             f"steps too: {pf['int8_decode_logits_max_abs']}, "
             f"{pf['int8_decode_top1_agreement']}"
         )
+    dec = report["lm_decode"]
+    steps = ", ".join(
+        f"batch {b}: {t['ordinary']} ms, bucketed {t['graphs']} ms"
+        for b, t in dec["step_ms"].items()
+    )
+    lines.append(
+        f"LM decode step ({dec['dtype']}, {dec['graphs_captured']} CUDA graphs): {steps}; "
+        f"logits apart by at most {dec['graphs_logits_max_abs_diff']}"
+    )
     return "\n".join(lines)

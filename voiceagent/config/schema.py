@@ -170,6 +170,18 @@ class EngineSection(Section):
         "how far the logits move)",
         "--lm-int8",
     )
+    lm_precision: Literal["auto", "float32", "bfloat16"] = setting(
+        "auto",
+        "embedded LM weights and KV slots: bfloat16 halves their memory and reading "
+        "(approximate); auto: bfloat16 on CUDA, float32 on the CPU",
+        "--lm-precision",
+    )
+    cuda_graphs: Literal["on", "off"] = setting(
+        "on",
+        "on CUDA, the embedded LM's decode steps replay CUDA graphs captured at start (one "
+        "per batch and length bucket): no per-kernel launch cost",
+        "--cuda-graphs",
+    )
     flow_precision: Literal["float32", "bfloat16", "int8"] = setting(
         "float32",
         "the acoustic worker's flow: bfloat16 halves its per-turn cache; int8 (CPU) runs "
@@ -214,6 +226,16 @@ class EngineSection(Section):
     @classmethod
     def _http(cls, value: str) -> str:
         return _url(value, ("http://", "https://"))
+
+    @model_validator(mode="after")
+    def _int8_is_float32s(self) -> EngineSection:
+        if self.lm_int8 != "off" and self.lm_precision == "bfloat16":
+            raise PydanticCustomError(
+                "lm_int8",
+                "int8 layers are made from the float32 LM: not with lm_precision bfloat16",
+                {"key": "lm_int8"},
+            )
+        return self
 
     @model_validator(mode="after")
     def _sglang_needs_its_server(self) -> EngineSection:

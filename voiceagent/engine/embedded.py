@@ -44,6 +44,14 @@ class LMBackend(Protocol):
     ) -> TokenStream: ...
 
 
+def lm_dtype(precision: str, device: torch.device, int8: bool = False) -> torch.dtype:
+    """`engine.lm_precision` on `device`: "auto" is bfloat16 on CUDA, float32 elsewhere
+    or with int8 layers (which are made from the float32 LM)."""
+    if precision == "bfloat16" or (precision == "auto" and device.type == "cuda" and not int8):
+        return torch.bfloat16
+    return torch.float32
+
+
 def default_threads() -> int:
     """torch's intra-op threads when none are set: half the cores, at least one. The LM
     thread and the acoustic thread compute side by side, and two pools as wide as the
@@ -70,6 +78,8 @@ class EmbeddedEngine:
         warm: Sequence[Voice] = (),
         warm_hold_backs: Sequence[int] = (),
         prompt_tail: PromptTail = "rerun",
+        lm_dtype: torch.dtype = torch.float32,
+        lm_graphs: bool = False,
     ) -> None:
         """`metrics`: where the engine's threads count (a registry of its own if None);
         the server exports the engine's. `acoustic_batching`: "invariant" runs each
@@ -77,7 +87,8 @@ class EmbeddedEngine:
         chunks of several turns as one batch (see engine/acoustic.py). `prefix_cache`:
         the embedded LM reuses each voice's prompt-prefix keys/values (lm_prefix.py).
         `int8_prefill`, `int8_decode`: its prompt prefills, its decode steps run int8
-        layers (model/quantize.py).
+        layers (model/quantize.py). `lm_dtype`: the embedded LM's weights and KV slots;
+        `lm_graphs`: its decode steps replay CUDA graphs (engine/lm_graphs.py).
         `flow_precision`: the acoustic worker's flow precision (`quantize.reduced_flow`).
         `flow_window`: speech tokens of a turn's own past its flow reads back (None: all).
         `prompt_tail`: "primed": a turn's first chunk runs its own tokens only, the
@@ -102,6 +113,8 @@ class EmbeddedEngine:
             int8_prefill=int8_prefill,
             int8_decode=int8_decode,
             warm=warm,
+            dtype=lm_dtype,
+            graphs=lm_graphs,
         )
         self.lm.metrics = self.metrics
         self.name = "embedded" if isinstance(self.lm, EmbeddedLM) else "sglang"

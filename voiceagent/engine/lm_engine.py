@@ -25,10 +25,11 @@ import torch
 
 from ..model.contract import STOP_TOKENS, Voice
 from ..model.lm import KVPool
-from ..model.quantize import int8_layers
+from ..model.quantize import int8_layers, reduced_lm
 from ..model.sampling import SamplingParams, sample_token
 from ..model.speech_model import SpeechModel
 from ..ops.metrics import Metrics
+from .lm_graphs import DecodeGraphs
 from .lm_prefix import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -131,18 +132,28 @@ class EmbeddedLM:
         int8_prefill: bool = False,
         int8_decode: bool = False,
         warm: Sequence[Voice] = (),
+        dtype: torch.dtype = torch.float32,
+        graphs: bool = False,
     ) -> None:
         """`prefix_cache`: keep each voice's `[sos, prompt text]` keys/values and start
         later prefills after them (lm_prefix.py); False prefills every prompt whole.
         `int8_prefill`, `int8_decode`: prefills, decode steps run int8 copies of the
-        decoder layers (CPU only; model/quantize.py). `warm`: voices the thread runs a
-        throwaway prefill and decode step for when it starts (`warmed` is set after)."""
+        decoder layers (CPU only, float32 LM; model/quantize.py). `warm`: voices the
+        thread runs a throwaway prefill and decode step for when it starts (`warmed` is
+        set after). `dtype`: the LM's weights and KV slots (`quantize.reduced_lm`).
+        `graphs`: decode steps through `DecodeGraphs` (CUDA graphs on a GPU; on the CPU
+        the same bucketed steps run eagerly)."""
+        if dtype != torch.float32 and (int8_prefill or int8_decode):
+            raise ValueError("int8 layers are made from the float32 LM")
         self.model = model
+        self.lm = reduced_lm(model.lm, dtype)
         self._warm = list(warm)
         self.warmed = threading.Event()
         self.prefix_cache = PrefixCache() if prefix_cache else None
         self._prefill_layers = int8_layers(model.lm) if int8_prefill else None
         self._decode_layers = int8_layers(model.lm) if int8_decode else None
+        self._use_graphs = graphs
+        self._graphs: DecodeGraphs | None = None
         self.max_backlog = max_backlog
         self._all_paused = False
         # While this says so (the acoustic worker is on a turn's first chunk), requests
@@ -153,7 +164,9 @@ class EmbeddedLM:
         self.spare_cores: Callable[[], bool] | None = None
         self.max_batch = max_batch
         self.max_len = max_len
-        self._pool = KVPool(model.lm.cfg, max_batch, max_len, model.device)
+        # With graphs, one more slot: the scratch rows of a batch bucket decode into it.
+        slots = max_batch + 1 if graphs else max_batch
+        self._pool = KVPool(model.lm.cfg, slots, max_len, model.device, dtype)
         self._free = list(range(max_batch))
         self._incoming: queue.Queue[_Request | None] = queue.Queue()
         self._active: list[_Request] = []
@@ -211,6 +224,15 @@ class EmbeddedLM:
         torch.set_grad_enabled(False)
         share = torch.get_num_threads()  # this thread's, as the engine set them
         wide = min(2 * share, os.cpu_count() or 1)
+        if self._use_graphs:
+            try:
+                with torch.inference_mode():
+                    self._graphs = DecodeGraphs(
+                        self.lm, self._pool, self.max_batch, self.max_batch, self._decode_layers
+                    )
+                log.info("LM decode graphs: %d captured", self._graphs.captured)
+            except Exception:  # decode steps run as they would without
+                log.exception("LM decode graphs could not be captured")
         for voice in self._warm:  # requests that arrive meanwhile wait in the queue
             try:
                 with torch.inference_mode():
@@ -260,7 +282,7 @@ class EmbeddedLM:
         calls (int8 ones too) and the slot's first memory touch are behind us, so the
         voice's first turn costs what later ones do (measured: its prefill took 831 ms
         instead of 460 at full size, on the 2-core CPU)."""
-        lm, slot = self.model.lm, self._free[-1]
+        lm, slot = self.lm, self._free[-1]
         text = list(voice.lm_text_ids) + list(voice.lm_text_ids[:8] or [0])
         prompt = lm.prompt_embeds(text, list(voice.lm_speech_tokens))
         start = 0
@@ -281,7 +303,7 @@ class EmbeddedLM:
             self._active.append(req)
             self.metrics.lm_wait.observe(time.monotonic() - req.queued)
             try:
-                lm = self.model.lm
+                lm = self.lm
                 prompt = lm.prompt_embeds(req.text_ids, req.speech_ids)
                 start = 0
                 if self.prefix_cache is not None and req.prefix:
@@ -328,12 +350,15 @@ class EmbeddedLM:
 
     def _decode(self, reqs: list[_Request]) -> None:
         """One decode step of `reqs`; a request whose sampling fails fails alone."""
-        tokens = self._ids([r.produced[-1] for r in reqs])
-        slots = self._ids([r.slot for r in reqs])
-        start = self._ids([r.length for r in reqs])
-        logits = self.model.lm.forward_embeds(
-            self.model.lm.embed_speech(tokens), self._pool, slots, start, self._decode_layers
-        )
+        tokens = [r.produced[-1] for r in reqs]
+        slots = [r.slot for r in reqs]
+        lengths = [r.length for r in reqs]
+        if self._graphs is not None:
+            logits = self._graphs.step(tokens, slots, lengths)
+        else:
+            x = self.lm.embed_speech(self._ids(tokens))
+            args = (self._pool, self._ids(slots), self._ids(lengths), self._decode_layers)
+            logits = self.lm.forward_embeds(x, *args)
         self.steps += 1
         self.metrics.lm_batch.observe(len(reqs))
         for r, row in zip(reqs, logits.float().cpu(), strict=True):

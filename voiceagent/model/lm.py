@@ -60,12 +60,20 @@ class RMSNorm(nn.Module):
 
 
 class KVPool:
-    """Preallocated key/value rows: [layers, slots, kv_heads, max_len, head_dim]."""
+    """Preallocated key/value rows: [layers, slots, kv_heads, max_len, head_dim], in the
+    LM's weight type."""
 
-    def __init__(self, cfg: LMConfig, slots: int, max_len: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        cfg: LMConfig,
+        slots: int,
+        max_len: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         shape = (cfg.layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device)
-        self.v = torch.zeros(shape, device=device)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
 
 
@@ -92,6 +100,7 @@ class Attention(nn.Module):
         layer: int,
         slots: Tensor,
         start: Tensor,
+        span: int | None = None,
     ) -> Tensor:
         cfg = self.cfg
         b, t, _ = x.shape
@@ -106,6 +115,8 @@ class Attention(nn.Module):
         if t == 1:  # decode: each row writes one position of its own slot
             pk[slots, :, start] = k[:, :, 0]
             pv[slots, :, start] = v[:, :, 0]
+            if span is not None:
+                return self.o_proj(_decode_attention(q, pk, pv, slots, start, span))
         else:
             for i in range(b):
                 s, p = int(slots[i]), int(start[i])
@@ -121,6 +132,22 @@ class Attention(nn.Module):
         mask = torch.arange(total, device=x.device)[None, None, :] <= qpos[:, :, None]
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None])
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def _decode_attention(
+    q: Tensor, pk: Tensor, pv: Tensor, slots: Tensor, start: Tensor, span: int
+) -> Tensor:
+    """One query per row over its slot's first `span` positions, masked past its own
+    (`start`): shapes fixed by `span` alone and no value read back to the host, so the
+    step can be captured as a CUDA graph (engine/lm_graphs.py). A key/value head's
+    query heads are its queries (grouped-query attention without copying keys)."""
+    b, heads, _, hd = q.shape
+    kv_heads = pk.shape[1]
+    keys, values = pk[slots, :, :span], pv[slots, :, :span]  # [b, kv, span, hd]
+    mask = torch.arange(span, device=q.device)[None, :] <= start[:, None]  # [b, span]
+    grouped = q.view(b, kv_heads, heads // kv_heads, hd)
+    out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask[:, None, None])
+    return out.reshape(b, 1, heads * hd)
 
 
 class MLP(nn.Module):
@@ -190,10 +217,10 @@ class SpeechLM(nn.Module):
         speech = self.speech_embedding(torch.tensor(prompt_speech, dtype=torch.long, device=dev))
         return torch.cat([sos, text, task, speech], dim=0)[None]
 
-    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         freqs = positions[..., None].float() * self.inv_freq  # [b, t, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return emb.cos(), emb.sin()
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def forward_embeds(
         self,
@@ -202,18 +229,21 @@ class SpeechLM(nn.Module):
         slots: Tensor,
         start: Tensor,
         layers: Sequence[DecoderLayer] | None = None,
+        span: int | None = None,
     ) -> Tensor:
         """Run new positions of each row through the decoder; returns speech logits of the
         last position of each row, [b, speech_vocab]. `layers`: stand-ins for the decoder
-        layers (reduced-precision copies, model/quantize.py)."""
+        layers (reduced-precision copies, model/quantize.py). `span` (decode steps only):
+        attend over that many slot positions, masked, instead of the rows' longest
+        length (`_decode_attention`)."""
         t = x.shape[1]
-        rope = self._rope(start[:, None] + torch.arange(t, device=x.device)[None, :])
+        rope = self._rope(start[:, None] + torch.arange(t, device=x.device)[None, :], x.dtype)
         backbone = self.llm.model.model
         if layers is None:
             layers = cast(list[DecoderLayer], backbone.layers)
         for i, layer in enumerate(layers):
             h = layer.input_layernorm(x)
-            x = x + layer.self_attn(h, rope, pool, i, slots, start)
+            x = x + layer.self_attn(h, rope, pool, i, slots, start, span)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.llm_decoder(backbone.norm(x[:, -1]))
 

@@ -16,6 +16,9 @@ first-packet bench's optimized error went from 0.084 to 0.113. A 20 s turn's lat
 25-token chunks took 1.8-2.0 s instead of 2.2-2.4 (one run: the past is read in half
 the bytes).
 
+`reduced_lm(lm, dtype)`: the LM in bfloat16 (weights, activations and the KV slots the
+engine then allocates), for a GPU: half the bytes a decode step reads.
+
 `int8_layers(lm)`: the LM's decoder layers, with every Linear dynamically quantized to
 int8 (per-tensor activation scale computed per call, int8 weights; fbgemm/oneDNN with
 VNNI on x86), for prompt prefills and/or decode steps (`EmbeddedLM(int8_prefill=...,
@@ -46,6 +49,7 @@ log = logging.getLogger(__name__)
 
 
 _made: dict[int, tuple[SpeechLM, list[DecoderLayer]]] = {}
+_lms: dict[tuple[int, torch.dtype], tuple[SpeechLM, SpeechLM]] = {}
 _flows: dict[tuple[int, str], tuple[FlowStage, FlowStage]] = {}
 
 FlowPrecision = Literal["float32", "bfloat16", "int8"]
@@ -108,6 +112,20 @@ def _int8_linears(module: nn.Module, keep_float: tuple[str, ...] = ()) -> nn.Mod
     except (ImportError, RuntimeError, AttributeError) as exc:
         log.warning("int8 layers unavailable (%s)", exc)
         return None
+
+
+def reduced_lm(lm: SpeechLM, dtype: torch.dtype) -> SpeechLM:
+    """A copy of `lm` in `dtype`, made once per LM and type (engines share it); `lm`
+    itself for its own type. RoPE's frequencies stay float32 (`SpeechLM._rope`)."""
+    if dtype == lm.llm_decoder.weight.dtype:
+        return lm
+    made = _lms.get((id(lm), dtype))
+    if made is not None and made[0] is lm:
+        return made[1]
+    copy_ = copy.deepcopy(lm).to(dtype)
+    copy_.inv_freq = lm.inv_freq.clone()
+    _lms[(id(lm), dtype)] = (lm, copy_)
+    return copy_
 
 
 def int8_layers(lm: SpeechLM) -> list[DecoderLayer] | None:

@@ -7,6 +7,7 @@ import concurrent.futures
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 
@@ -29,8 +30,10 @@ class BackgroundServer:
         config: ServerConfig,
         lm: LMBackend | None = None,
         acoustic_batching: AcousticBatching = "invariant",
+        **engine: Any,
     ) -> None:
-        self.engine = EmbeddedEngine(model, lm=lm, acoustic_batching=acoustic_batching)
+        """`engine`: more `EmbeddedEngine` options."""
+        self.engine = EmbeddedEngine(model, lm=lm, acoustic_batching=acoustic_batching, **engine)
         self.voice_server = VoiceServer(self.engine, config)
         self._uvicorn = uvicorn.Server(uvicorn_config(self.voice_server, log_level="warning"))
         self._thread = threading.Thread(target=self._uvicorn.run, daemon=True)

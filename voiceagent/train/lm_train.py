@@ -347,7 +347,7 @@ def hidden_states(
     `prior`, its layers' attention adds to `prior.losses`."""
     cfg = lm.cfg
     b, t, _ = x.shape
-    cos, sin = lm._rope(torch.arange(t, device=x.device)[None])
+    cos, sin = lm._rope(torch.arange(t, device=x.device)[None], x.dtype)
     backbone = lm.llm.model.model
     rep = cfg.heads // cfg.kv_heads
     for i, layer in enumerate(cast(list[DecoderLayer], backbone.layers)):

@@ -20,7 +20,8 @@ class CausalConv1d(nn.Conv1d):
         self.context = kernel - 1
 
     def empty_cache(self, batch: int) -> Tensor:
-        return torch.zeros(batch, self.in_channels, self.context, device=self.weight.device)
+        w = self.weight
+        return torch.zeros(batch, self.in_channels, self.context, device=w.device, dtype=w.dtype)
 
     def step(self, x: Tensor, cache: Tensor) -> tuple[Tensor, Tensor]:
         full = torch.cat([cache, x], dim=2)

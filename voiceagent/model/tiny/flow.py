@@ -52,7 +52,7 @@ class Estimator(nn.Module):
         freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=device) / half)
         ang = 1000.0 * t * freqs
         emb = torch.cat([ang.sin(), ang.cos()])[None].expand(batch, -1)
-        return self.time_mlp(emb)
+        return self.time_mlp(emb.to(self.out.weight.dtype))
 
     def step(
         self, x: Tensor, mu: Tensor, spk: Tensor, t: float, caches: list[Tensor]
@@ -158,8 +158,9 @@ class FlowModel(FlowStage):
         b = tokens.shape[0]
         mu = self.encode(tokens, state)
         frames = mu.shape[2]
-        spk_m = self.spk_embed_affine_layer(F.normalize(spk, dim=1))
-        x = self._noise(state["frame"], frames)
+        # in the weights' type (a bfloat16 copy, quantize.reduced_flow), as the caches are
+        spk_m = self.spk_embed_affine_layer(F.normalize(spk.to(mu.dtype), dim=1))
+        x = self._noise(state["frame"], frames).to(mu.dtype)
         # CFG as a batch of two per turn: rows (cond, uncond) interleaved per turn.
         mu2 = torch.stack([mu, torch.zeros_like(mu)], dim=1).flatten(0, 1)
         spk2 = torch.stack([spk_m, torch.zeros_like(spk_m)], dim=1).flatten(0, 1)
