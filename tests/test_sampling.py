@@ -49,3 +49,50 @@ def test_a_token_repeating_in_the_recent_window_is_resampled():
     p = SamplingParams(ras_window=10, ras_tau=0.1)
     assert set(draw(logits, p, history=[1, 2, 3])) == {42}
     assert 42 not in draw(logits, p, history=[1, 42, 3])  # once in the window is enough
+
+
+def test_a_model_files_repetition_settings_reach_its_turns(tmp_path):
+    """The yaml's `tau_r` and `win_size` (ours: 0.25, since our tokens repeat more than
+    CosyVoice2's) are what a turn samples with; the client's settings keep the rest."""
+    import asyncio
+
+    from voiceagent.engine.embedded import EmbeddedEngine
+    from voiceagent.model import checkpoint
+    from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
+    from voiceagent.pipeline.turn import Turn, TurnSettings
+
+    directory = write_random_cosyvoice2(tmp_path / "cv2")
+    yaml = directory / "cosyvoice2.yaml"
+    text = yaml.read_text()
+    assert "tau_r: 0.1" in text and "win_size: 10" in text
+    text = text.replace("tau_r: 0.1", "tau_r: 0.25").replace("win_size: 10", "win_size: 7")
+    yaml.write_text(text)
+    model = checkpoint.load(directory)
+    assert (model.sampling.ras_tau, model.sampling.ras_window) == (0.25, 7)
+
+    engine = EmbeddedEngine(model, 1)
+    asked: list[SamplingParams] = []
+    generate = engine.lm.generate
+
+    def recorded(text_ids, voice, params, *rest, **kw):  # the real LM, its request seen
+        asked.append(params)
+        return generate(text_ids, voice, params, *rest, **kw)
+
+    engine.lm.generate = recorded  # type: ignore[method-assign]
+    client = SamplingParams(temperature=0.5, top_k=9, top_p=0.7, seed=3)
+    turn = Turn("t", TurnSettings(model.voices["agent"], client), engine)
+
+    async def speak() -> None:
+        turn.push_text("Hello there.")
+        turn.end_text()
+        turn.start()
+        while await turn.output.get() is not None:
+            pass
+        await turn.wait()
+
+    engine.start()
+    try:
+        asyncio.run(speak())
+    finally:
+        engine.stop()
+    assert asked == [SamplingParams(0.5, 9, 0.7, 3, ras_window=7, ras_tau=0.25)]

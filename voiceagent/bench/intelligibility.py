@@ -1,8 +1,9 @@
 """`voiceagent bench --scenario intelligibility`: does a recognizer understand the server's
 speech of the held-out sentences, and how well next to the teacher's speech of the same?
 
-The sentences are the first `--sentences` rows of the training work directory's
-corpus/heldout.tsv (docs/training.md). A server on loopback speaks them one at a time, one
+The sentences are `--sentences` rows of the training work directory's
+corpus/heldout.tsv (docs/training.md), spread evenly over it (the corpus writes its
+sources one after another). A server on loopback speaks them one at a time, one
 WebSocket session per sentence, Opus at 48 kHz (the default format); each is sent in its
 written form, as a user would send it, and the server normalizes it. The client times the
 first audio frame (TTFA) and reads the turn's RTF from turn.done (as the ws bench does),

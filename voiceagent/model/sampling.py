@@ -8,7 +8,7 @@ keeps a semantic-token LM from looping on one sound.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -24,6 +24,11 @@ class SamplingParams:
     seed: int = 0
     ras_window: int = 10
     ras_tau: float = 0.1
+
+    def of_model(self, model: SamplingParams) -> SamplingParams:
+        """These settings with `model`'s repetition-aware window and threshold: a client
+        chooses temperature, top-k, top-p and seed; the model's files choose these."""
+        return replace(self, ras_window=model.ras_window, ras_tau=model.ras_tau)
 
 
 def sample_token(

@@ -4,7 +4,7 @@ uses it. The stage interfaces are in contract.py; the LM stage is lm.SpeechLM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 from ..text.tokenizer import TextTokenizer
 from .contract import PAD_TOKEN, FlowStage, VocoderStage, Voice
 from .lm import SpeechLM
+from .sampling import SamplingParams
 from .stretch import MelStretcher
 
 
@@ -34,6 +35,9 @@ class SpeechModel:
     # A folder with the prompt frontend's ONNX files (FRONTEND_FILES): voices can be made
     # from reference audio (voices/registry.py). None: this model cannot clone voices.
     frontend_dir: Path | None = None
+    # The model's own sampling settings (CosyVoice2: its yaml's `sampling`): turns take
+    # the repetition-aware window and threshold from here (`SamplingParams.of_model`).
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
     @property
     def device(self) -> torch.device:

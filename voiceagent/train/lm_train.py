@@ -66,7 +66,7 @@ from ..model.speech_model import SpeechModel
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, tokens
-from .sizes import VOICE
+from .sizes import RAS_TAU, VOICE
 from .update import step_precision, update
 
 IGNORE = -100
@@ -757,6 +757,7 @@ def lm_model(work: Path, sizes: dict[str, int] | None = None) -> SpeechModel:
         mel_bins=80,
         token_ratio=(cfg.min_tokens_per_text_token, cfg.max_tokens_per_text_token),
         spk_dim=192,
+        sampling=SamplingParams(ras_tau=RAS_TAU),  # as the exported yaml says
     )
 
 
@@ -775,7 +776,7 @@ def speak_tokens(
     `text` as one segment: encoded, length-bounded and sampled as a turn does."""
     from ..engine.lm_engine import EmbeddedLM
 
-    params = params or SamplingParams()
+    params = (params or SamplingParams()).of_model(model.sampling)
     text_ids = encode(model.tokenizer, text, language)
     lo, hi = model.token_ratio
     n = len(text_ids)

@@ -38,13 +38,16 @@ FLOW_START_T = 0.85
 FLOW_STEPS = 4
 
 
+RAS_TAU = 0.25  # repetition-aware sampling's threshold for our tokens (`voice_yaml`)
+
+
 def voice_yaml(sizes: dict[str, int] | None = None) -> str:
     """`cosyvoice2.yaml` of our voice at `sizes` (default `VOICE`): the released layout
     with two settings of ours. Repetition-aware sampling redraws a token seen in the
     last 10 with probability above tau_r: 0.1 (CosyVoice2's) would redraw 8.7 % of the
     teacher's own tokens (ours repeat more than its codes do), 0.25 under 1 %. And the
     flow starts at `FLOW_START_T`, in `FLOW_STEPS` Euler steps."""
-    text = yaml_text({**VOICE, **(sizes or {})}).replace("tau_r: 0.1", "tau_r: 0.25")
+    text = yaml_text({**VOICE, **(sizes or {})}).replace("tau_r: 0.1", f"tau_r: {RAS_TAU}")
     cfg = "                inference_cfg_rate: 0.7\n"
     if cfg not in text:
         raise ValueError("the released yaml layout changed: no inference_cfg_rate to follow")

@@ -156,6 +156,7 @@ def load_cosyvoice2(directory: Path, device: str = "cpu") -> SpeechModel:
         vocoder=hift,
         voices=_voices(directory / "spk2info.pt", tokenizer),
         tokenizer=tokenizer,
+        sampling=setup.sampling,
         pre_lookahead=fcfg.pre_lookahead,
         mel_bins=fcfg.mel_bins,
         token_ratio=(
