@@ -303,6 +303,20 @@ def test_appending_grows_in_place_and_never_changes_what_was_handed_out():
     assert branch.untyped_storage().data_ptr() not in buffers
 
 
+def test_a_windowed_buffer_grows_into_its_reserve_rather_than_taking_it_at_once():
+    """A turn's keys/values take at most twice what they hold, up to the reserve (a
+    window and a quarter): freed buffers come back from the allocator already touched,
+    so a whole reserve per turn made a server's memory grow with every turn."""
+    step = torch.zeros(1, 1, 4, 2)
+    kv, capacities = append(torch.zeros(1, 1, 4, 2), step, reserve=200), []
+    for _ in range(40):  # up to 168 steps held, under the reserve
+        kv = append(kv, step, reserve=200)
+        capacities.append((kv.untyped_storage().nbytes() // (2 * 4), kv.shape[2]))
+    assert capacities[0] == (16, 12)  # not the 200 reserved
+    assert all(held <= cap <= min(200, 2 * held) for cap, held in capacities)
+    assert len({cap for cap, _ in capacities}) <= 5  # a few copies on the way
+
+
 def test_turns_share_the_prompt_cache_and_keep_only_their_own_frames(flow):
     """The estimator's keys/values of the voice prompt are one set of tensors read by
     every turn (never copied into a turn's state); a turn's own entries grow with its
