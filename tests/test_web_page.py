@@ -192,8 +192,9 @@ def test_cancel_silences_the_turn_and_closes_the_mouth(demo: Demo, transport: st
     # The page reports where it stopped the turn (playback.reports), and the server's
     # turn.cancelled carries that; WebRTC mutes what the jitter buffer still holds.
     assert turn["played_source"] == "listener", turn
-    # (some of it was heard: the mouth moved; how much depends on a busy machine's player)
-    assert 0 < turn["played_ms"] < turn["sent_ms"], turn
+    # (some of it was heard: the mouth moved; how much depends on a busy machine's player,
+    # and a starved server may have sent no more than the page had played)
+    assert 0 < turn["played_ms"] <= turn["sent_ms"], turn
     # The page silences its output at the click: the WebSocket player drops its queue,
     # WebRTC mutes what the jitter buffer still holds (without that: ~90-100 ms of tail
     # here). 60 ms allows the analyser's 21 ms window and a late animation frame.
