@@ -61,6 +61,10 @@ def write_corpus(work: Path, split: str, texts: list[str]) -> list[Sentence]:
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
+    return write_work(tmp_path)
+
+
+def write_work(tmp_path: Path) -> Path:
     """The corpus and its sentences' tokens: all the LM reads (never the audio)."""
     w = tmp_path / "train"
     (w / "tokens").mkdir(parents=True)

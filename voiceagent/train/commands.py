@@ -174,12 +174,38 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads")
 
 
+def _lm_flags(p: argparse.ArgumentParser) -> None:
+    _training_flags(p)
+    p.add_argument(
+        "--text",
+        choices=("spelling", "phonemes"),
+        default="spelling",
+        help="what a new LM reads: the text's spelling, or its words as CMUdict phones "
+        "(pocketsphinx's copy); an LM with a tokenizer keeps what it reads",
+    )
+    p.add_argument(
+        "--warm-start",
+        type=Path,
+        help="a new LM starts from this LM checkpoint's weights (all but the text "
+        "embedding when the tokenizers differ)",
+    )
+
+
 def _lm(work: Path, args: argparse.Namespace) -> int:
     # Any tokens will do: the LM reads no audio, so after `seed` it can train on the
     # export's kept tokens while the teacher speaks again for the flow and the vocoder.
     if (code := _needs("tokens", tokens.has_tokens, work, args)) != 0:
         return code
-    lm_train.train(work, 60 * args.budget_min, threads=args.threads)
+    text = getattr(args, "text", "spelling")
+    phonemes = text == "phonemes"
+    lm_train.train(
+        work,
+        60 * args.budget_min,
+        threads=args.threads,
+        lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
+        lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
+        warm_start=getattr(args, "warm_start", None),
+    )
     return 0
 
 
@@ -315,7 +341,7 @@ STAGES = [
     Stage(
         "lm",
         "train the speech-token LM (text -> our speech tokens) for --budget-min minutes",
-        _training_flags,
+        _lm_flags,
         _lm,
     ),
     Stage(

