@@ -103,11 +103,12 @@ def test_a_new_lm_starts_from_another_lms_weights_but_its_text_embedding(work: P
 
 
 def test_the_lm_stage_trains_a_phoneme_voice_from_a_warm_start(work: Path, capsys) -> None:
-    assert main(["train", "lm", "--out", str(work), "--budget-min", "0.03"]) == 0
+    argv = ["train", "lm", "--out", str(work), "--budget-min", "0.03"]
+    assert main([*argv, "--text", "spelling"]) == 0
+    assert QwenTextTokenizer(lm_train.tokenizer_dir(work)).lexicon is None
     spelled = lm_train.checkpoint_path(work).rename(work / "spelled.pt")
     (work / "lm").rename(work / "lm-spelling")
-    argv = ["train", "lm", "--out", str(work), "--budget-min", "0.03", "--text", "phonemes"]
-    assert main([*argv, "--warm-start", str(spelled)]) == 0
+    assert main([*argv, "--warm-start", str(spelled)]) == 0  # phonemes: the default
     assert f"tensors from {spelled}" in capsys.readouterr().out
     folder = lm_train.tokenizer_dir(work)
     assert QwenTextTokenizer(folder).lexicon is not None

@@ -178,10 +178,11 @@ def _lm_flags(p: argparse.ArgumentParser) -> None:
     _training_flags(p)
     p.add_argument(
         "--text",
-        choices=("spelling", "phonemes"),
-        default="spelling",
-        help="what a new LM reads: the text's spelling, or its words as CMUdict phones "
-        "(pocketsphinx's copy); an LM with a tokenizer keeps what it reads",
+        choices=("phonemes", "spelling"),
+        default="phonemes",
+        help="what a new LM reads: its words as CMUdict phones (pocketsphinx's copy; "
+        "the shipped voice's), or the text's spelling; an LM with a tokenizer keeps "
+        "what it reads",
     )
     p.add_argument(
         "--warm-start",
@@ -196,8 +197,7 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
     # export's kept tokens while the teacher speaks again for the flow and the vocoder.
     if (code := _needs("tokens", tokens.has_tokens, work, args)) != 0:
         return code
-    text = getattr(args, "text", "spelling")
-    phonemes = text == "phonemes"
+    phonemes = getattr(args, "text", "phonemes") == "phonemes"
     lm_train.train(
         work,
         60 * args.budget_min,
