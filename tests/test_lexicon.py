@@ -56,6 +56,10 @@ def test_known_words_become_their_first_pronunciation_and_the_rest_passes(tmp_pa
     )
     assert lex.render("Hold Xyzzy") == f"{phones('HH', 'OW', 'L', 'D')} xyzzy"  # spelled
     assert lex.render("the call's") == f"{phones('DH', 'AH')} {phones('K', 'AO', 'L', 'Z')}"
+    # CMUdict's own file marks stress; the phones are the same without it
+    stressed = tmp_path / "stressed"
+    stressed.write_text("please P L IY1 Z\n")
+    assert Lexicon(stressed).render("please") == phones("P", "L", "IY", "Z")
 
 
 def test_the_pocketsphinx_dictionary_knows_everyday_words() -> None:

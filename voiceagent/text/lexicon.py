@@ -10,7 +10,7 @@ syllables; a word the dictionary lacks stays in plain lower-case letters, which 
 also learns to read. Everything that is not a word (spaces, punctuation) passes as it is.
 
 The dictionary file: one `word PH PH ...` line per pronunciation, `word(2)` for the
-alternatives (the first is taken), optionally gzipped.
+alternatives (the first is taken), stress digits allowed and dropped, optionally gzipped.
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ class Lexicon:
                 word, *phones = line.split()
                 if not phones or "(" in word:
                     continue
-                self.words.setdefault(word.lower(), "".join(LETTER[p] for p in phones))
+                # stress marks (CMUdict's own AH0, AH1) dropped: pocketsphinx's copy has none
+                letters = "".join(LETTER[p.rstrip("012")] for p in phones)
+                self.words.setdefault(word.lower(), letters)
 
     def word(self, word: str) -> str:
         """`word`'s phone letters, or the word in lower case when the dictionary lacks it."""
