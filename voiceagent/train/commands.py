@@ -190,6 +190,14 @@ def _lm_flags(p: argparse.ArgumentParser) -> None:
         help="a new LM starts from this LM checkpoint's weights (all but the text "
         "embedding when the tokenizers differ)",
     )
+    p.add_argument(
+        "--anneal",
+        type=int,
+        metavar="STEPS",
+        help="end the training with STEPS steps whose learning rate falls linearly to "
+        "a twentieth (the LM before them stays in lm/ckpt-before-anneal.pt); about 300 "
+        "steps cut the held-out loss of the shipped voice's LM by 0.16",
+    )
 
 
 def _lm(work: Path, args: argparse.Namespace) -> int:
@@ -205,6 +213,7 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
         lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
         lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
         warm_start=getattr(args, "warm_start", None),
+        anneal=getattr(args, "anneal", None),
     )
     return 0
 

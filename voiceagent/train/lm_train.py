@@ -48,7 +48,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -482,6 +482,10 @@ class Hyper:
     lr: float = 1e-3
     warmup: int = 100  # steps of linear warm-up
     decay_steps: int = 0  # 0: constant after warm-up; else cosine to lr / 10 by this step
+    # An anneal (`train lm --anneal`): from step `anneal_from` the rate falls linearly to
+    # ANNEAL_FLOOR of itself over `anneal_steps` steps; 0: none.
+    anneal_from: int = 0
+    anneal_steps: int = 0
     weight_decay: float = 0.1  # on matrices only (not norms, biases, embeddings)
     clip: float = 1.0
     batch_positions: int = 2000  # padded sequence positions per batch
@@ -498,12 +502,23 @@ class Hyper:
     eval_train: int = 100  # train utterances whose cross-entropy is logged with held-out's
 
 
+ANNEAL_FLOOR = 0.05
+
+
 def learning_rate(h: Hyper, step: int) -> float:
-    warm = min(1.0, (step + 1) / max(h.warmup, 1))
-    if not h.decay_steps:
-        return h.lr * warm
-    frac = min(1.0, step / h.decay_steps)
-    return h.lr * warm * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    lr = h.lr * min(1.0, (step + 1) / max(h.warmup, 1))
+    if h.decay_steps:
+        frac = min(1.0, step / h.decay_steps)
+        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+    if h.anneal_steps:
+        frac = min(1.0, max(0.0, (step - h.anneal_from) / h.anneal_steps))
+        lr *= 1.0 - (1.0 - ANNEAL_FLOOR) * frac
+    return lr
+
+
+def annealing(h: Hyper, step: int) -> bool:
+    """Whether `step` is inside the anneal `h` holds (a resumed run finishes it)."""
+    return h.anneal_steps > 0 and step < h.anneal_from + h.anneal_steps
 
 
 def optimizer(lm: SpeechLM, h: Hyper) -> torch.optim.AdamW:
@@ -658,12 +673,15 @@ def train(
     lexicon: Path | None = None,
     lexicon_notice: str = "",
     warm_start: Path | None = None,
+    anneal: int | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (evaluations and saves included), or
     until step `max_steps` when given, continuing from DIR/lm/ckpt.pt if there is one;
     returns a summary. A new LM reads phonemes with a `lexicon` (`write_tokenizer`), and
     starts from the weights of another LM's checkpoint, `warm_start`, where their shapes
-    agree (`warm_started`)."""
+    agree (`warm_started`). `anneal` steps end the training of a trained LM with a
+    falling learning rate (`Hyper.anneal_steps`); the LM before them is kept in
+    `before_anneal_path`."""
     wall0 = time.monotonic()
     torch.set_num_threads(threads)
     sizes = sizes or VOICE
@@ -682,7 +700,22 @@ def train(
         if warm_start is not None:
             kept = warm_started(tr.lm, warm_start)
             say(f"lm: {kept} tensors from {warm_start}; the others start fresh")
+    if anneal:
+        if not ckpt.is_file():
+            raise ValueError(f"{work}: nothing to anneal: train the LM first")
+        shutil.copyfile(ckpt, before_anneal_path(work))
+        tr.hyper = replace(tr.hyper, anneal_from=tr.step, anneal_steps=anneal)
+        say(
+            f"lm: annealing over steps {tr.step}-{tr.step + anneal} "
+            f"(the LM before: {before_anneal_path(work)})"
+        )
+    elif tr.hyper.anneal_steps and not annealing(tr.hyper, tr.step):
+        # More training after an anneal (new speech, say) goes on at the full rate.
+        tr.hyper = replace(tr.hyper, anneal_from=0, anneal_steps=0)
     h = tr.hyper
+    if annealing(h, tr.step):  # a resumed anneal stops where it ends
+        end = h.anneal_from + h.anneal_steps
+        max_steps = end if max_steps is None else min(max_steps, end)
     eval_train = random.Random(0).sample(train_set, min(h.eval_train, len(train_set)))
     log = out / "log.tsv"
 
@@ -788,6 +821,11 @@ def warm_started(lm: SpeechLM, path: Path) -> int:
     same = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
     lm.load_state_dict(same, strict=False)
     return len(same)
+
+
+def before_anneal_path(work: Path) -> Path:
+    """The checkpoint an anneal started from: to train on at the full rate instead."""
+    return lm_dir(work) / "ckpt-before-anneal.pt"
 
 
 def best_path(work: Path) -> Path:
