@@ -100,6 +100,27 @@ def test_a_missing_teacher_wav_is_reported_and_left_out_of_the_teachers_wer(
     assert "missing for 1 of 3" in intelligibility.table(report)
 
 
+def test_with_several_seeds_each_sentence_is_sampled_again_and_the_wer_pools_them(
+    tmp_path, prompts, tiny_model
+) -> None:
+    make_work(tmp_path, prompts, with_wavs=2)
+    report = intelligibility.measure(tiny_model, tmp_path, sentences=2, workers=2, seeds=2)
+    rows = report["per_sentence"]
+    assert [(r["id"], r["seed"]) for r in rows] == [
+        ("ast-0", 0),
+        ("ast-1", 0),
+        ("ast-0", 1),
+        ("ast-1", 1),
+    ]
+    assert report["ours"]["seeds"] == 2 and len(report["ours"]["wer_by_seed"]) == 2
+    assert report["ours"]["sentences"] == 2 and report["teacher"]["sentences"] == 2
+    # another seed, other samples (the random model's noise differs)
+    first, again = intelligibility.synthesize(tiny_model, [Sentence("x", "a", "a")], 2.0, seeds=2)
+    assert (first.seed, again.seed) == (0, 1)
+    assert first.pcm.shape != again.pcm.shape or not np.array_equal(first.pcm, again.pcm)
+    assert "sampling seeds 0-1" in intelligibility.table(report)
+
+
 def test_without_a_held_out_corpus_it_says_which_stages_to_run(tmp_path) -> None:
     proc = subprocess.run(
         [*CLI, "--scenario", "intelligibility", "--work", str(tmp_path / "none")],

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from voiceagent.bench import phone_speech
 from voiceagent.cli import main
 from voiceagent.train import corpus, spoken, teacher, wer
 from voiceagent.train.corpus import Params
@@ -183,6 +184,7 @@ def test_the_corpus_stage_writes_its_files_and_then_skips(tmp_path, capsys) -> N
 _PRIORITY = """
 import os, sys
 from pathlib import Path
+from voiceagent.bench import phone_speech
 from voiceagent.cli import main
 assert main(["train", "corpus", "--out", sys.argv[1], "--hours", "0.1", "--background"]) == 0
 try:
@@ -247,6 +249,23 @@ def test_word_error_rate(ref: str, hyp: str, rate: float) -> None:
 def test_pooled_wer_weighs_sentences_by_their_words() -> None:
     pairs = [("one two three four", "one two three four"), ("yes", "no")]
     assert wer.corpus_wer(pairs) == pytest.approx(1 / 5)
+
+
+def test_the_meter_hears_a_clip_the_same_whatever_it_heard_before() -> None:
+    """One decoder serves a process: without a reset, the cepstral mean of the last clip
+    changed what was heard in the next (real Asterisk prompts; this pair was found so)."""
+    pytest.importorskip("pocketsphinx", reason="pocketsphinx (a test extra) is not installed")
+    if not phone_speech.available():
+        pytest.skip("asterisk-core-sounds-en-wav is not installed: no real speech")
+    before, clip = (
+        phone_speech.prompt(name).pcm.astype(np.float32) / 32768
+        for name in ("agent-loginok", "conf-getchannel")
+    )
+    wer._decoder.cache_clear()  # a new decoder: nothing heard yet
+    first = wer.transcribe(clip, phone_speech.RATE)
+    wer.transcribe(before, phone_speech.RATE)
+    assert wer.transcribe(clip, phone_speech.RATE) == first
+    assert "channel number" in first
 
 
 # -- licenses: piper is a separate program, pocketsphinx a test dependency -------------

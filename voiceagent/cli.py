@@ -342,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="intelligibility: N held-out sentences to speak, spread over the set",
     )
     s.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="intelligibility: speak each sentence with sampling seeds 0 to N-1 (the WER "
+        "pools them; how far each seed's WER strays is the bench's own noise)",
+    )
+    s.add_argument(
         "--work",
         help="intelligibility: the training work directory, as `train --out` "
         "(default: ~/.cache/voiceagent/train)",

@@ -112,6 +112,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 work,
                 sentences=args.sentences,
                 max_speech_s=args.max_speech_s or intelligibility.MAX_SPEECH_S,
+                seeds=args.seeds,
             )
         except intelligibility.BenchError as exc:
             print(f"error: {exc}", file=sys.stderr)

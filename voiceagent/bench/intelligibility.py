@@ -12,6 +12,11 @@ decodes the Opus frames to PCM, and once every sentence is spoken, pocketsphinx
 sentences (teacher/wav/<id>.wav). Both WERs are pooled over their sentences against the
 spoken form (`corpus_wer`). pocketsphinx is a weak recognizer: the two numbers are for
 comparing voices on the same sentences, not absolute measures.
+
+A voice samples its speech tokens, so one sampling of each sentence is one draw: with
+`--seeds N` each sentence is spoken N times (sampling seeds 0 to N-1), the WER pools
+them all, and `wer_by_seed` shows how far one draw of the same sentences moves (on
+100 sentences, about as far as two voices of adjacent training runs differ).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ class Spoken:
     """One sentence as the server spoke it."""
 
     sentence: Sentence
+    seed: int
     sample: TurnSample
     pcm: np.ndarray  # mono float32 at OPUS_RATE
 
@@ -120,16 +126,20 @@ async def speak(url: str, text: str, seed: int) -> tuple[TurnSample, list[frames
     return sample, result.frames
 
 
-def synthesize(model: SpeechModel, sentences: list[Sentence], max_speech_s: float) -> list[Spoken]:
-    """Each sentence's written form spoken by a server on loopback, one session at a time."""
+def synthesize(
+    model: SpeechModel, sentences: list[Sentence], max_speech_s: float, seeds: int = 1
+) -> list[Spoken]:
+    """Each sentence's written form spoken by a server on loopback, one session at a time,
+    once per sampling seed 0 to `seeds` - 1 (seed by seed)."""
     playout = PlayoutConfig(lead_ms=UNPACED_LEAD_MS, max_segment_tokens=int(max_speech_s * 25))
     config = ServerConfig(port=free_port(), playout=playout)
     spoken = []
     with BackgroundServer(model, config) as server:
         asyncio.run(speak(server.url, WARM_UP, 0))  # first-call allocations
-        for s in sentences:
-            sample, turn_frames = asyncio.run(speak(server.url, s.written, 0))
-            spoken.append(Spoken(s, sample, decode_opus(turn_frames)))
+        for seed in range(seeds):
+            for s in sentences:
+                sample, turn_frames = asyncio.run(speak(server.url, s.written, seed))
+                spoken.append(Spoken(s, seed, sample, decode_opus(turn_frames)))
     return spoken
 
 
@@ -155,11 +165,12 @@ def measure(
     sentences: int = DEFAULT_SENTENCES,
     max_speech_s: float = MAX_SPEECH_S,
     workers: int | None = None,
+    seeds: int = 1,
 ) -> dict[str, Any]:
     check_recognizer()
     picked = heldout(work, sentences)
     start = time.perf_counter()
-    spoken = synthesize(model, picked, max_speech_s)
+    spoken = synthesize(model, picked, max_speech_s, seeds)
     synth_s = time.perf_counter() - start
 
     present = [s for s in picked if _teacher_wav(work, s.id).is_file()]
@@ -171,23 +182,26 @@ def measure(
     start = time.perf_counter()
     hyps = transcribe_all(clips, workers)
     asr_s = time.perf_counter() - start
-    ours_hyp = dict(zip((s.id for s in picked), hyps[: len(picked)], strict=True))
-    teacher_hyp = dict(zip((s.id for s in present), hyps[len(picked) :], strict=True))
+    ours_hyp = hyps[: len(spoken)]
+    teacher_hyp = dict(zip((s.id for s in present), hyps[len(spoken) :], strict=True))
 
     samples = [x.sample for x in spoken]
     ttfa = [x.ttfa_ms for x in samples]
-    ours_pairs = [(s.text, ours_hyp[s.id]) for s in picked]
+    ours_pairs = [(x.sentence.text, hyp) for x, hyp in zip(spoken, ours_hyp, strict=True)]
+    by_seed = [ours_pairs[i * len(picked) : (i + 1) * len(picked)] for i in range(seeds)]
     teacher_pairs = [(s.text, teacher_hyp[s.id]) for s in present]
     return {
         "model": model.name,
         "work": str(work),
         "ours": {
             "wer": round(wer.corpus_wer(ours_pairs), 4),
+            "wer_by_seed": [round(wer.corpus_wer(pairs), 4) for pairs in by_seed],
             "ttfa_ms_p50": round(statistics.median(ttfa), 1),
             "ttfa_ms_p95": round(percentile(ttfa, 0.95), 1),
             "rtf": round(statistics.mean(x.rtf for x in samples), 4),
             "audio_s_per_sentence": round(statistics.mean(x.audio_ms for x in samples) / 1000, 2),
             "sentences": len(picked),
+            "seeds": seeds,
         },
         "teacher": {
             "wer": round(wer.corpus_wer(teacher_pairs), 4) if present else None,
@@ -199,23 +213,27 @@ def measure(
         "synthesis_s": round(synth_s, 1),
         "transcription_s": round(asr_s, 1),
         "per_sentence": [
-            {
-                "id": s.id,
-                "text": s.text,
-                "written": s.written,
-                "ours": ours_hyp[s.id],
-                "ours_wer": round(wer.word_error_rate(s.text, ours_hyp[s.id]), 3),
-                "teacher": teacher_hyp.get(s.id),
-                "teacher_wer": (
-                    round(wer.word_error_rate(s.text, teacher_hyp[s.id]), 3)
-                    if s.id in teacher_hyp
-                    else None
-                ),
-                "ttfa_ms": round(x.sample.ttfa_ms, 1),
-                "audio_s": round(x.sample.audio_ms / 1000, 2),
-            }
-            for s, x in zip(picked, spoken, strict=True)
+            _row(x, hyp, teacher_hyp.get(x.sentence.id))
+            for x, hyp in zip(spoken, ours_hyp, strict=True)
         ],
+    }
+
+
+def _row(spoken: Spoken, hyp: str, teacher_hyp: str | None) -> dict[str, Any]:
+    s = spoken.sentence
+    return {
+        "id": s.id,
+        "seed": spoken.seed,
+        "text": s.text,
+        "written": s.written,
+        "ours": hyp,
+        "ours_wer": round(wer.word_error_rate(s.text, hyp), 3),
+        "teacher": teacher_hyp,
+        "teacher_wer": (
+            None if teacher_hyp is None else round(wer.word_error_rate(s.text, teacher_hyp), 3)
+        ),
+        "ttfa_ms": round(spoken.sample.ttfa_ms, 1),
+        "audio_s": round(spoken.sample.audio_ms / 1000, 2),
     }
 
 
@@ -230,6 +248,10 @@ def table(report: dict[str, Any]) -> str:
         f"model {report['model']}; {report['words']} reference words; pocketsphinx WER, "
         f"pooled over the sentences",
     ]
+    if ours["seeds"] > 1:
+        each = ", ".join(f"{w:.3f}" for w in ours["wer_by_seed"])
+        n = ours["seeds"]
+        lines.append(f"each sentence spoken {n} times (sampling seeds 0-{n - 1}): WER {each}")
     if tea["missing"]:
         lines.append(
             f"teacher WAVs missing for {len(tea['missing'])} of {ours['sentences']} sentences "

@@ -80,6 +80,9 @@ def transcribe(pcm: np.ndarray, rate: int) -> str:
     data = (np.clip(x, -1.0, 1.0) * 32767).astype("<i2").tobytes()
     with _lock:
         decoder = _decoder()
+        # Its features' running state (the cepstral mean) would carry the last clip into
+        # this one: the same clip was heard otherwise after another (measured).
+        decoder.reinit_feat()
         decoder.start_utt()
         decoder.process_raw(data, full_utt=True)
         decoder.end_utt()
