@@ -362,16 +362,18 @@ def test_a_complete_teacher_stage_is_skipped_until_the_corpus_changes(
 
 
 def test_the_meter_understands_the_teacher_on_held_out_sentences(built, tmp_path, piper) -> None:
-    """Piper speech of three held-out sentences, transcribed by pocketsphinx: a pooled WER
-    below 0.35 (about 0.2 measured; pocketsphinx's generic LM knows whole words better
-    than letter names, so these are sentences of 8+ words without spelled letters)."""
+    """Piper speech of eight held-out sentences, transcribed by pocketsphinx: a pooled WER
+    below 0.35 (0.14-0.25 over seven runs; pocketsphinx's generic LM knows whole words
+    better than letter names, so these are sentences of 8+ words without spelled letters).
+    Piper's noise is not seeded, so every run hears different speech: over three sentences
+    the WER ranged 0.15-0.37, too few to bound."""
     pytest.importorskip("pocketsphinx", reason="pocketsphinx (a test extra) is not installed")
     picks = [
         s
         for s in built[1]
         if not s.id.startswith("ast-") and s.words >= 8 and not re.search(r"\b[A-Z]\b", s.text)
-    ][:3]
+    ][:8]
     progress = teacher.synthesize(picks, tmp_path, piper)
-    assert progress.sentences == 3 and progress.rtf > 0
+    assert progress.sentences == 8 and progress.rtf > 0
     pairs = [(s.text, wer.transcribe(_pcm(tmp_path / f"{s.id}.wav"), teacher.RATE)) for s in picks]
     assert wer.corpus_wer(pairs) < 0.35, pairs
