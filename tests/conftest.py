@@ -6,8 +6,14 @@ tests talk to them with the real clients in voiceagent/bench/clients.py.
 
 from __future__ import annotations
 
-import asyncio
 import os
+
+# One torch thread per test process, set before torch loads: the suite runs two worker
+# processes on two cores, and each server's LM and acoustic threads would otherwise start
+# two OpenMP threads apiece; oversubscribed, their spin-waits made small ops 3-20x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import asyncio
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
