@@ -118,7 +118,7 @@ LOST_WORDS = {
     ("ws", "SIGKILL"): "The connection to the server was lost.",
     ("webrtc", "SIGKILL"): "The audio from the server stopped: the connection was lost.",
     ("ws", "SIGTERM"): "The server is shutting down (usually for a restart).",
-    ("webrtc", "SIGTERM"): "The server ended the session (it may be restarting).",
+    ("webrtc", "SIGTERM"): "The server is shutting down (usually for a restart).",
 }
 
 

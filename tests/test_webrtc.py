@@ -136,6 +136,32 @@ def test_peer_leaving_mid_turn_is_cleaned_up(server):
     run(go())
 
 
+def test_a_draining_server_says_why_it_ends_the_session_before_the_channel_closes(
+    make_server,
+):
+    """A peer connection has no close code: the last message on the data channel carries
+    the one a WebSocket would get (1001 on SIGTERM's drain), after the live turn's end."""
+    server = make_server()
+
+    async def go() -> None:
+        peer = await open_peer(server.http)
+        closed = asyncio.Event()
+        peer.channel.on("close", closed.set)
+        peer.send({"type": "session.start"})
+        await peer.event(("session.created",))
+        peer.send({"type": "speak", "text": SENTENCE})
+        await peer.event(("turn.first_audio",), timeout=60)
+        drained = asyncio.wrap_future(server.drain(deadline_s=60))
+        await peer.event(("turn.done",), timeout=60)  # the live turn finishes
+        closing = await peer.event(("session.closing",))
+        assert closing == {"type": "session.closing", "code": 1001, "reason": "server draining"}
+        await asyncio.wait_for(closed.wait(), 10)
+        await asyncio.wait_for(drained, 10)
+        await peer.close()
+
+    run(go())
+
+
 def test_inbound_speech_gives_vad_events(server, spoken):
     lead_s = 0.6
     mic = MicTrack(spoken, clip_at=int(lead_s * 50))

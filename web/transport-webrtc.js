@@ -88,6 +88,7 @@ export class RtcTransport {
     this.stallMs = queryMs("stall_ms", 2000);
     this.packets = null; // {count, at}: RTP packets received, and when that last grew
     this.disconnectTimer = null;
+    this.closing = null; // {code, reason} of the server's session.closing, as a WebSocket's close
   }
 
   /** Whether this transport's output can be sent to a chosen speaker. */
@@ -98,7 +99,8 @@ export class RtcTransport {
   lost(why) {
     if (this.closed || !this.live) return;
     this.live = false;
-    this.hooks.onLost({ why });
+    // the server's own word (session.closing), whichever of our checks noticed first
+    this.hooks.onLost(this.closing || { why });
   }
 
   async connect() {
@@ -194,6 +196,7 @@ export class RtcTransport {
       this.hooks.onError("The server sent a control message that is not JSON.");
       return;
     }
+    if (event.type === "session.closing") this.closing = { code: event.code, reason: event.reason };
     if (event.type === "audio.sync") {
       // This frame left the server's track now; it is heard after the jitter buffer.
       const at = performance.now() + this.delayMs();

@@ -151,7 +151,12 @@ class WebRtcTransport(Transport):
         self.track.drop_turn(num)
 
     async def close(self, code: int, reason: str) -> None:
-        """A peer connection has no close code: the client sees the connection close."""
+        """A peer connection has no close code, so the data channel's last message says
+        what a WebSocket's close frame would (`session.closing`): a page then tells a
+        restart from a lost connection even when its audio stall check fires before the
+        channel's close arrives (a busy machine)."""
+        with contextlib.suppress(ConnectionError):
+            await self.send_event({"type": "session.closing", "code": code, "reason": reason})
         await self._end()
 
     def sent_ms(self, num: int) -> int | None:
