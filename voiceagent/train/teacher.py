@@ -27,8 +27,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from . import corpus
 from .corpus import Sentence
 
@@ -260,11 +258,9 @@ def _check_voice(work: Path, piper: Piper) -> None:
 
 def _banked_token_ids(work: Path) -> set[str]:
     """Ids of the sentences whose speech tokens the work directory already has."""
-    path = work / "tokens" / "tokens.npz"
-    if not path.is_file():
-        return set()
-    with np.load(path) as f:
-        return set(f.files)
+    from . import tokens  # here: tokens imports this module
+
+    return set(tokens.load_tokens(work)) if tokens.has_tokens(work) else set()
 
 
 def run(
