@@ -63,6 +63,13 @@ def heard(clips: list[tuple[np.ndarray, int]]) -> tuple[float, float]:
     return wer.corpus_wer(forward), wer.corpus_wer(back)
 
 
+def test_the_shipped_voice_is_small_enough_to_live_with_the_project() -> None:
+    """Issue 17 asks for 50 MB at most (weights, tokenizer, dictionary and the training
+    state a new machine resumes from)."""
+    files = [p for p in checkpoint.SHIPPED_VOICE.rglob("*") if p.is_file()]
+    assert files and sum(p.stat().st_size for p in files) <= 50e6
+
+
 def test_our_voice_is_understood_over_a_websocket(server: BackgroundServer) -> None:
     clips = []
     for text in SENTENCES:
