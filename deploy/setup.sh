@@ -25,8 +25,11 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
 if (( ${#missing[@]} )); then
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "${missing[@]}"
+  # One apt at a time: setup-piper.sh may run beside this (as in .ci/run); the flock
+  # queues our own scripts, the timeout waits for anyone else's apt.
+  $sudo flock /var/lock/voiceagent-apt.lock sh -c \
+    'apt-get -o DPkg::Lock::Timeout=600 update -qq && apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@"' \
+    apt "${missing[@]}"
 fi
 
 python3 -m venv .venv

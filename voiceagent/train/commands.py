@@ -106,7 +106,8 @@ def _teacher(work: Path, args: argparse.Namespace) -> int:
         return 0
     try:
         piper = teacher.find_piper(args.piper_venv, args.length_scale)
-        progress = teacher.run(work, piper, args.limit, args.batch)
+        banked = frozenset(tokens.load_tokens(work)) if tokens.has_tokens(work) else frozenset()
+        progress = teacher.run(work, piper, args.limit, args.batch, banked=banked)
     except (teacher.TeacherMissing, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

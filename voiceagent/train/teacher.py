@@ -256,19 +256,13 @@ def _check_voice(work: Path, piper: Piper) -> None:
         path.write_text(json.dumps(piper.settings) + "\n")
 
 
-def _banked_token_ids(work: Path) -> set[str]:
-    """Ids of the sentences whose speech tokens the work directory already has."""
-    from . import tokens  # here: tokens imports this module
-
-    return set(tokens.load_tokens(work)) if tokens.has_tokens(work) else set()
-
-
 def run(
     work: Path,
     piper: Piper,
     limit: int | None = None,
     batch_size: int = 200,
     report: Callable[[str], None] = print,
+    banked: frozenset[str] = frozenset(),
 ) -> Progress:
     """Speak the corpus into work/teacher: the held-out sentences (every check and
     benchmark hears them), then the train sentences the LM has no tokens of yet (from an
@@ -278,7 +272,6 @@ def run(
     items = [(s, "train") for s in train] + [(s, "heldout") for s in heldout]
     _check_voice(work, piper)
     wav_dir = teacher_dir(work) / "wav"
-    banked = _banked_token_ids(work)
     train = sorted(train, key=lambda s: s.id in banked)  # stable: corpus order otherwise
     todo = [s for s in heldout + train if not (wav_dir / f"{s.id}.wav").exists()]
     report(f"teacher: {len(items) - len(todo)} of {len(items)} sentences already spoken")
