@@ -1015,6 +1015,7 @@ window.voiceagentDemo = Object.freeze({
         connection: page.connection,
         connectionMessage: messages.conn ? messages.conn.text : null,
         sessionStarted: page.session !== null,
+        rtpPackets: t && t.packetsReceived ? t.packetsReceived() : null,
         reconnects: page.reconnects,
         retryInMs: page.retryAt === null ? null : Math.max(0, Math.round(page.retryAt - performance.now())),
         botState: page.botState,

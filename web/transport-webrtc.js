@@ -207,6 +207,12 @@ export class RtcTransport {
     this.hooks.onEvent(event);
   }
 
+  /** RTP packets received so far, as the last stats poll counted them: the stall check
+   *  starts with the first. */
+  packetsReceived() {
+    return this.packets ? this.packets.count : 0;
+  }
+
   /** From leaving the server's track to being heard: the jitter buffer, then the output
    *  device (as the AudioContext reports it for the default output). */
   delayMs() {
