@@ -265,8 +265,9 @@ def run(
     banked: frozenset[str] = frozenset(),
 ) -> Progress:
     """Speak the corpus into work/teacher: the held-out sentences (every check and
-    benchmark hears them), then the train sentences the LM has no tokens of yet (from an
-    earlier machine's speech, kept by an export), then the rest; at most `limit` new
+    benchmark hears them), then the train sentences not in `banked` (the ids the LM has
+    tokens of already, from an earlier machine's speech kept by an export), then the
+    rest; at most `limit` new
     sentences when given. Writes stage.json once every sentence has its WAV."""
     train, heldout = corpus.load(work)
     items = [(s, "train") for s in train] + [(s, "heldout") for s in heldout]
