@@ -17,12 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from . import (
     check,
     corpus,
     export,
     feats,
     flow_train,
+    inherit,
     lm_train,
     snapshot,
     teacher,
@@ -191,6 +194,7 @@ def _lm_flags(p: argparse.ArgumentParser) -> None:
         help="a new LM starts from this LM checkpoint's weights (all but the text "
         "embedding when the tokenizers differ)",
     )
+    _warm_codes_flag(p)
     p.add_argument(
         "--anneal",
         type=int,
@@ -199,6 +203,21 @@ def _lm_flags(p: argparse.ArgumentParser) -> None:
         "a twentieth (the LM before them stays in lm/ckpt-before-anneal.pt); about 300 "
         "steps cut the held-out loss of the eighth run's LM by 0.16",
     )
+
+
+def _warm_codes_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--warm-codes",
+        type=Path,
+        metavar="CODEBOOK",
+        help="the codebook.npz of the --warm-start checkpoint's speech codes, when this "
+        "work directory's tokens are of another: each new code starts from the rows of "
+        "its nearest old code",
+    )
+
+
+def _parent(work: Path, args: argparse.Namespace) -> np.ndarray | None:
+    return inherit.codebook_parents(work, getattr(args, "warm_codes", None))
 
 
 def _lm(work: Path, args: argparse.Namespace) -> int:
@@ -214,9 +233,20 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
         lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
         lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
         warm_start=getattr(args, "warm_start", None),
+        parent=_parent(work, args),
         anneal=getattr(args, "anneal", None),
     )
     return 0
+
+
+def _flow_flags(p: argparse.ArgumentParser) -> None:
+    _training_flags(p)
+    p.add_argument(
+        "--warm-start",
+        type=Path,
+        help="a new flow starts from this flow checkpoint's weights (same sizes)",
+    )
+    _warm_codes_flag(p)
 
 
 def _flow(work: Path, args: argparse.Namespace) -> int:
@@ -225,7 +255,12 @@ def _flow(work: Path, args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    summary = flow_train.train(work, 60 * args.budget_min)
+    summary = flow_train.train(
+        work,
+        60 * args.budget_min,
+        warm_start=getattr(args, "warm_start", None),
+        parent=_parent(work, args),
+    )
     print(f"flow: {summary}")
     return 0
 
@@ -357,7 +392,7 @@ STAGES = [
     Stage(
         "flow",
         "train the flow (tokens -> mel) by conditional flow matching; resumes",
-        _training_flags,
+        _flow_flags,
         _flow,
     ),
     Stage(

@@ -52,7 +52,7 @@ from ..model.contract import PAD_TOKEN
 from ..model.cosyvoice2.flow import CosyFlow, FlowConfig
 from ..model.cosyvoice2.loader import flow_config
 from ..model.cosyvoice2.yaml_config import read_yaml
-from . import feats, tokens
+from . import feats, inherit, tokens
 from .sizes import VOICE, voice_yaml
 from .update import step_precision, update
 
@@ -281,9 +281,14 @@ def train(
     params: Params | None = None,
     steps: int | None = None,
     say: Callable[[str], None] = print,
+    warm_start: Path | None = None,
+    parent: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (or `steps` steps, whichever ends
     first), continuing from DIR/flow/checkpoint.pt if there is one; returns a summary.
+    A new flow starts from another flow's checkpoint.pt, `warm_start`, and takes its
+    sizes; `parent`: that flow's codes are another codebook's, and each of ours
+    inherits its parent's embedding (`inherit.py`).
 
     sizes: the flow's sizes (keys of `sizes.VOICE`; default the voice's); a checkpoint
     keeps its own and refuses others. params: default `Params()`; a checkpoint keeps its
@@ -293,14 +298,15 @@ def train(
     out = flow_dir(work)
     out.mkdir(parents=True, exist_ok=True)
     ckpt = load_checkpoint(work)
-    if ckpt is not None:
-        fs = {k: int(v) for k, v in ckpt["sizes"].items()}
-        if sizes is not None and flow_sizes(sizes) != fs:
-            raise ValueError(f"{out / CHECKPOINT} has sizes {fs}, not {flow_sizes(sizes)}")
-        p = Params(**ckpt["params"])
-    else:
-        fs = flow_sizes(sizes)
-        p = params or Params()
+    # A new flow may start from another's weights, and then takes its sizes.
+    warm = None
+    if ckpt is None and warm_start is not None:
+        warm = torch.load(warm_start, map_location="cpu", weights_only=True)
+    source, source_path = (ckpt, out / CHECKPOINT) if ckpt is not None else (warm, warm_start)
+    fs = flow_sizes(sizes) if source is None else {k: int(v) for k, v in source["sizes"].items()}
+    if sizes is not None and flow_sizes(sizes) != fs:
+        raise ValueError(f"{source_path} has sizes {fs}, not {flow_sizes(sizes)}")
+    p = Params(**ckpt["params"]) if ckpt is not None else params or Params()
     flow = new_flow(fs, p.seed)
     opt = torch.optim.Adam(flow.parameters(), lr=p.lr)
     step, seconds = 0, 0.0
@@ -309,6 +315,10 @@ def train(
         if "optimizer" in ckpt:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(ckpt["optimizer"])
         step, seconds = int(ckpt["step"]), float(ckpt["seconds"])
+    elif warm is not None:
+        state = warm["model"]
+        flow.load_state_dict(state if parent is None else inherit.flow_state(state, parent))
+        say(f"flow: starting from {warm_start} (step {warm['step']})")
     speaker = speaker_vector(work)
     data, held = Data(work, "train"), Data(work, "heldout")
     n_params = sum(v.numel() for v in flow.parameters())

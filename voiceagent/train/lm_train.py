@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -72,7 +73,7 @@ from ..model.speech_model import SpeechModel
 from ..text.lexicon import Lexicon
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
-from . import corpus, tokens
+from . import corpus, inherit, tokens
 from .sizes import RAS_TAU, VOICE
 from .update import step_precision, update
 
@@ -673,15 +674,17 @@ def train(
     lexicon: Path | None = None,
     lexicon_notice: str = "",
     warm_start: Path | None = None,
+    parent: np.ndarray | None = None,
     anneal: int | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (evaluations and saves included), or
     until step `max_steps` when given, continuing from DIR/lm/ckpt.pt if there is one;
     returns a summary. A new LM reads phonemes with a `lexicon` (`write_tokenizer`), and
     starts from the weights of another LM's checkpoint, `warm_start`, where their shapes
-    agree (`warm_started`). `anneal` steps end the training of a trained LM with a
-    falling learning rate (`Hyper.anneal_steps`); the LM before them is kept in
-    `before_anneal_path`."""
+    agree (`warm_started`; `parent`: the checkpoint's codes are another codebook's, and
+    each of ours inherits its parent's rows, `inherit.py`). `anneal` steps end the
+    training of a trained LM with a falling learning rate (`Hyper.anneal_steps`); the LM
+    before them is kept in `before_anneal_path`."""
     wall0 = time.monotonic()
     torch.set_num_threads(threads)
     sizes = sizes or VOICE
@@ -698,7 +701,7 @@ def train(
     else:
         tr = Trainer.fresh(lm_config(sizes, tokenizer_dir(work)), hyper or Hyper())
         if warm_start is not None:
-            kept = warm_started(tr.lm, warm_start)
+            kept = warm_started(tr.lm, warm_start, parent)
             say(f"lm: {kept} tensors from {warm_start}; the others start fresh")
     if anneal:
         if not ckpt.is_file():
@@ -811,12 +814,15 @@ def train(
     return summary
 
 
-def warm_started(lm: SpeechLM, path: Path) -> int:
+def warm_started(lm: SpeechLM, path: Path, parent: np.ndarray | None = None) -> int:
     """Copy into `lm` each tensor of the checkpoint at `path` (a `ckpt.pt` or `best.pt`)
     whose name and shape it shares; returns how many. Another tokenizer's LM gives all but
     the text embedding (and the text head tied to it): what it learned of speech, of
-    the task and of attending along the text is kept, its text ids are not."""
+    the task and of attending along the text is kept, its text ids are not. With
+    `parent`, its speech rows are carried to our codes first (`inherit.lm_state`)."""
     theirs = torch.load(path, map_location="cpu", weights_only=True)["model"]
+    if parent is not None:
+        theirs = inherit.lm_state(theirs, parent)
     own = lm.state_dict()
     same = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
     lm.load_state_dict(same, strict=False)
