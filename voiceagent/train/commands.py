@@ -244,7 +244,7 @@ def _flow_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--warm-start",
         type=Path,
-        help="a new flow starts from this flow checkpoint's weights (same sizes)",
+        help="a new flow starts from this flow checkpoint's weights (and sizes)",
     )
     _warm_codes_flag(p)
 

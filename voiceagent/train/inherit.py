@@ -51,7 +51,7 @@ def rows(weight: Tensor, parent: np.ndarray) -> Tensor:
 def head_bias(bias: Tensor, parent: np.ndarray) -> Tensor:
     """The LM head's bias for inherited rows: each child gets its parent's logit less
     log(children), so that the children's probabilities add up to the parent's."""
-    children = np.bincount(parent, minlength=len(parent))[parent]
+    children = np.bincount(parent)[parent]
     out = rows(bias, parent)
     out[: len(parent)] -= torch.from_numpy(np.log(children)).to(bias.dtype)
     return out
