@@ -127,3 +127,14 @@ def test_train_flow_starts_from_another_codebook_s_flow_when_told_its_codebook(
     assert main(args) in (0, None)
     assert f"starting from {tmp_path / 'old.pt'}" in capsys.readouterr().out
     assert ckpt.is_file()
+
+
+def test_a_missing_warm_start_file_is_an_error_before_any_training(tmp_path: Path, capsys) -> None:
+    work = write_dataset(tmp_path / "w")
+    (work / "tokens" / "codebook.npz").write_bytes(b"")
+    base = ["train", "flow", "--out", str(work), "--budget-min", "0.01"]
+    assert main([*base, "--warm-start", str(tmp_path / "none.pt")]) == 2
+    assert f"--warm-start {tmp_path / 'none.pt'}: no such file" in capsys.readouterr().err
+    assert main([*base, "--warm-codes", str(work / "tokens" / "codebook.npz")]) == 2
+    assert "--warm-codes goes with --warm-start" in capsys.readouterr().err
+    assert not (flow_train.flow_dir(work) / flow_train.CHECKPOINT).exists()

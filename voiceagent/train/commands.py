@@ -216,8 +216,18 @@ def _warm_codes_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _parent(work: Path, args: argparse.Namespace) -> np.ndarray | None:
-    return inherit.codebook_parents(work, getattr(args, "warm_codes", None))
+def _warm(work: Path, args: argparse.Namespace) -> tuple[Path | None, np.ndarray | None] | None:
+    """--warm-start's checkpoint and, with --warm-codes, the parents of this work
+    directory's codes; None, once said why, when they cannot be used."""
+    start, codes = getattr(args, "warm_start", None), getattr(args, "warm_codes", None)
+    if codes is not None and start is None:
+        print("error: --warm-codes goes with --warm-start", file=sys.stderr)
+        return None
+    for flag, path in (("--warm-start", start), ("--warm-codes", codes)):
+        if path is not None and not path.is_file():
+            print(f"error: {flag} {path}: no such file", file=sys.stderr)
+            return None
+    return start, inherit.codebook_parents(work, codes)
 
 
 def _lm(work: Path, args: argparse.Namespace) -> int:
@@ -225,6 +235,8 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
     # export's kept tokens while the teacher speaks again for the flow and the vocoder.
     if (code := _needs("tokens", tokens.has_tokens, work, args)) != 0:
         return code
+    if (warm := _warm(work, args)) is None:
+        return 2
     phonemes = getattr(args, "text", "phonemes") == "phonemes"
     lm_train.train(
         work,
@@ -232,8 +244,8 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
         threads=args.threads,
         lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
         lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
-        warm_start=getattr(args, "warm_start", None),
-        parent=_parent(work, args),
+        warm_start=warm[0],
+        parent=warm[1],
         anneal=getattr(args, "anneal", None),
     )
     return 0
@@ -252,15 +264,12 @@ def _flow_flags(p: argparse.ArgumentParser) -> None:
 def _flow(work: Path, args: argparse.Namespace) -> int:
     if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
         return code
+    if (warm := _warm(work, args)) is None:
+        return 2
     import torch
 
     torch.set_num_threads(args.threads)
-    summary = flow_train.train(
-        work,
-        60 * args.budget_min,
-        warm_start=getattr(args, "warm_start", None),
-        parent=_parent(work, args),
-    )
+    summary = flow_train.train(work, 60 * args.budget_min, warm_start=warm[0], parent=warm[1])
     print(f"flow: {summary}")
     return 0
 
