@@ -147,6 +147,23 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
     json.dumps(actions[0].event)  # type: ignore[union-attr]
 
 
+def test_a_session_samples_as_its_model_says_until_it_sets_its_own() -> None:
+    """The catalog carries the model's top-k and top-p (our voice: 5 rather than
+    CosyVoice2's 25): a new session reports them and keeps what it sets itself."""
+    catalog = Catalog(("agent",), MODEL, "agent", sampling=Sampling(top_k=5, top_p=0.9))
+    core = SessionCore("s1", catalog, Limits())
+    [created] = events(send(core, {"type": "session.start", "sampling": {"seed": 4}}))
+    assert created["settings"]["sampling"] == {
+        "temperature": 1.0,
+        "top_k": 5,
+        "top_p": 0.9,
+        "seed": 4,
+    }
+    [updated] = events(send(core, {"type": "session.update", "sampling": {"top_k": 30}}))
+    assert updated["settings"]["sampling"]["top_k"] == 30
+    assert updated["settings"]["sampling"]["top_p"] == 0.9
+
+
 def test_session_start_applies_the_settings_it_carries() -> None:
     core = new_core()
     [created] = send(

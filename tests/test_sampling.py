@@ -1,9 +1,12 @@
 """Token sampling: seeded, nucleus-limited, stop-aware, repetition-aware."""
 
+from dataclasses import replace
+
+import pytest
 import torch
 
 from voiceagent.model.contract import EOS_TOKEN, SPEECH_CODES
-from voiceagent.model.sampling import SamplingParams, sample_token
+from voiceagent.model.sampling import COSYVOICE2, SamplingParams, sample_token
 
 V = SPEECH_CODES + 3
 
@@ -15,7 +18,7 @@ def draw(logits, params, n=200, allow_stop=True, history=None, seed=0):
 
 def test_same_seed_same_tokens_and_other_seed_other_tokens():
     logits = torch.randn(V, generator=torch.Generator().manual_seed(1))
-    p = SamplingParams(ras_window=0)
+    p = replace(COSYVOICE2, ras_window=0)
     assert draw(logits, p, seed=5) == draw(logits, p, seed=5)
     assert draw(logits, p, seed=5) != draw(logits, p, seed=6)
 
@@ -38,7 +41,7 @@ def test_temperature_zero_is_greedy():
 def test_stop_tokens_are_masked_until_allowed():
     logits = torch.full((V,), -10.0)
     logits[EOS_TOKEN] = 10.0
-    p = SamplingParams(ras_window=0)
+    p = replace(COSYVOICE2, ras_window=0)
     assert EOS_TOKEN not in draw(logits, p, allow_stop=False)
     assert set(draw(logits, p, allow_stop=True)) == {EOS_TOKEN}
 
@@ -46,48 +49,72 @@ def test_stop_tokens_are_masked_until_allowed():
 def test_a_token_repeating_in_the_recent_window_is_resampled():
     logits = torch.full((V,), 0.0)
     logits[42] = 30.0  # nucleus sampling would always pick 42
-    p = SamplingParams(ras_window=10, ras_tau=0.1)
+    p = replace(COSYVOICE2, ras_window=10, ras_tau=0.1)
     assert set(draw(logits, p, history=[1, 2, 3])) == {42}
     assert 42 not in draw(logits, p, history=[1, 42, 3])  # once in the window is enough
 
 
-def test_a_model_files_repetition_settings_reach_its_turns(tmp_path):
-    """The yaml's `tau_r` and `win_size` (ours: 0.25, since our tokens repeat more than
-    CosyVoice2's) are what a turn samples with; the client's settings keep the rest."""
+def test_a_client_that_sets_no_top_k_or_top_p_gets_the_models():
+    model = SamplingParams(top_k=5, top_p=0.9, ras_window=7, ras_tau=0.25)
+    assert SamplingParams(seed=3).of_model(model) == SamplingParams(1.0, 5, 0.9, 3, 7, 0.25)
+    mine = SamplingParams(top_k=0, top_p=1.0).of_model(model)  # 0 and 1.0: off, not unset
+    assert mine.nucleus == (0, 1.0)
+    with pytest.raises(ValueError, match="of_model"):
+        draw(torch.zeros(V), SamplingParams(), n=1)  # incomplete: never silently unlimited
+
+
+@pytest.mark.parametrize(
+    ("client", "expected"),
+    [
+        (SamplingParams(seed=3), SamplingParams(1.0, 5, 0.9, 3, 7, 0.25)),
+        (
+            SamplingParams(temperature=0.5, top_k=9, top_p=0.7, seed=3),
+            SamplingParams(0.5, 9, 0.7, 3, 7, 0.25),
+        ),
+    ],
+)
+def test_a_model_files_sampling_settings_reach_its_turns(tmp_path, monkeypatch, client, expected):
+    """The yaml's `top_k` and `top_p` are a turn's unless its client sets them; `tau_r`
+    and `win_size` (ours: 0.25, since our tokens repeat more than CosyVoice2's) always
+    are. Seen where the real LM engine draws each token."""
     import asyncio
 
+    from voiceagent.engine import lm_engine
     from voiceagent.engine.embedded import EmbeddedEngine
     from voiceagent.model import checkpoint
     from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
-    from voiceagent.pipeline.turn import Turn, TurnSettings
+    from voiceagent.pipeline.turn import Turn, TurnFailed, TurnSettings
 
     directory = write_random_cosyvoice2(tmp_path / "cv2")
     yaml = directory / "cosyvoice2.yaml"
     text = yaml.read_text()
-    assert "tau_r: 0.1" in text and "win_size: 10" in text
-    text = text.replace("tau_r: 0.1", "tau_r: 0.25").replace("win_size: 10", "win_size: 7")
+    for old, new in [("tau_r: 0.1", "tau_r: 0.25"), ("win_size: 10", "win_size: 7")]:
+        assert old in text
+        text = text.replace(old, new)
+    for old, new in [("top_k: 25", "top_k: 5"), ("top_p: 0.8", "top_p: 0.9")]:
+        assert old in text
+        text = text.replace(old, new)
     yaml.write_text(text)
     model = checkpoint.load(directory)
-    assert (model.sampling.ras_tau, model.sampling.ras_window) == (0.25, 7)
+    assert model.sampling == SamplingParams(1.0, 5, 0.9, 0, 7, 0.25)
 
+    drawn: list[SamplingParams] = []
+
+    def recorded(logits, params, *rest):  # the real sampler, its parameters seen
+        drawn.append(params)
+        return sample_token(logits, params, *rest)
+
+    monkeypatch.setattr(lm_engine, "sample_token", recorded)
     engine = EmbeddedEngine(model, 1)
-    asked: list[SamplingParams] = []
-    generate = engine.lm.generate
-
-    def recorded(text_ids, voice, params, *rest, **kw):  # the real LM, its request seen
-        asked.append(params)
-        return generate(text_ids, voice, params, *rest, **kw)
-
-    engine.lm.generate = recorded  # type: ignore[method-assign]
-    client = SamplingParams(temperature=0.5, top_k=9, top_p=0.7, seed=3)
     turn = Turn("t", TurnSettings(model.voices["agent"], client), engine)
 
     async def speak() -> None:
         turn.push_text("Hello there.")
         turn.end_text()
         turn.start()
-        while await turn.output.get() is not None:
+        while not isinstance(item := await turn.output.get(), TurnFailed | None):
             pass
+        assert item is None, item
         await turn.wait()
 
     engine.start()
@@ -95,4 +122,4 @@ def test_a_model_files_repetition_settings_reach_its_turns(tmp_path):
         asyncio.run(speak())
     finally:
         engine.stop()
-    assert asked == [SamplingParams(0.5, 9, 0.7, 3, ras_window=7, ras_tau=0.25)]
+    assert drawn and set(drawn) == {expected}

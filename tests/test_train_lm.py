@@ -20,14 +20,17 @@ import torch
 from voiceagent.cli import main
 from voiceagent.model import checkpoint
 from voiceagent.model.contract import EOS_TOKEN
+from voiceagent.model.cosyvoice2.lm_config import read_lm_setup
 from voiceagent.model.cosyvoice2.loader import QWEN_DIR
 from voiceagent.model.cosyvoice2.random_checkpoint import SIZES, write_random_cosyvoice2
 from voiceagent.model.cosyvoice2.text_tokenizer import QwenTextTokenizer
+from voiceagent.model.cosyvoice2.yaml_config import read_yaml
 from voiceagent.model.lm import KVPool
 from voiceagent.text.normalize import normalize
 from voiceagent.train import corpus, lm_train
 from voiceagent.train.corpus import Sentence
 from voiceagent.train.lm_train import IGNORE, Example, Hyper, Prior, Trainer
+from voiceagent.train.sizes import voice_yaml
 
 SMALL = SIZES["small"]
 TRAIN = [
@@ -313,6 +316,10 @@ def test_the_exported_lm_loads_with_the_project_loader_and_speaks(work, tmp_path
     # the same check without a flow: the LM and its tokenizer alone
     alone = lm_train.lm_model(work, SMALL)
     assert lm_train.speak_tokens(alone, text, lm_train.no_prompt_voice())
+    # drawn as the exported voice draws (its yaml's top-k and repetition threshold)
+    (tmp_path / "voice.yaml").write_text(voice_yaml(SMALL))
+    exported = read_lm_setup(read_yaml(tmp_path / "voice.yaml"), lm_train.tokenizer_dir(work))
+    assert alone.sampling == exported.sampling
 
 
 def test_the_lm_stage_is_a_train_command_with_a_budget_in_minutes(work, capsys) -> None:

@@ -214,6 +214,7 @@ class EmbeddedLM:
         stream = TokenStream(loop, lambda: setattr(req, "cancelled", True))
         stream.prompt_tokens = prompt_len
         prefix = tuple(voice.lm_text_ids)
+        params = params.of_model(self.model.sampling)
         req = _Request(prompt_ids, speech_ids, prefix, params, min_len, max_len, stream, gen)
         self._incoming.put(req)
         return stream

@@ -19,16 +19,35 @@ from .contract import SPEECH_CODES
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
-    top_k: int = 25
-    top_p: float = 0.8
+    top_k: int | None = None  # None: the model's (its yaml's `sampling`; CosyVoice2: 25)
+    top_p: float | None = None  # None: the model's (CosyVoice2: 0.8)
     seed: int = 0
     ras_window: int = 10
     ras_tau: float = 0.1
 
     def of_model(self, model: SamplingParams) -> SamplingParams:
-        """These settings with `model`'s repetition-aware window and threshold: a client
-        chooses temperature, top-k, top-p and seed; the model's files choose these."""
-        return replace(self, ras_window=model.ras_window, ras_tau=model.ras_tau)
+        """These settings completed by `model`'s: a client chooses temperature, top-k,
+        top-p and seed (top-k and top-p default to the model's, as its files state them:
+        a voice knows how narrowly its tokens are best drawn); the model's files choose
+        the repetition-aware window and threshold."""
+        return replace(
+            self,
+            top_k=model.top_k if self.top_k is None else self.top_k,
+            top_p=model.top_p if self.top_p is None else self.top_p,
+            ras_window=model.ras_window,
+            ras_tau=model.ras_tau,
+        )
+
+    @property
+    def nucleus(self) -> tuple[int, float]:
+        """(top_k, top_p) once `of_model` has completed them."""
+        if self.top_k is None or self.top_p is None:
+            raise ValueError("sampling parameters not completed by the model's (of_model)")
+        return self.top_k, self.top_p
+
+
+# A model's sampling when its files state none: CosyVoice2's yaml (`ras_sampling`).
+COSYVOICE2 = SamplingParams(top_k=25, top_p=0.8, ras_window=10, ras_tau=0.1)
 
 
 def sample_token(
@@ -57,14 +76,15 @@ def sample_token(
 
 def _nucleus(logits: Tensor, params: SamplingParams, gen: torch.Generator) -> int:
     logits = logits.clone()
-    if 0 < params.top_k < logits.numel():
-        kth = torch.topk(logits, params.top_k).values[-1]
+    top_k, top_p = params.nucleus
+    if 0 < top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
         logits[logits < kth] = float("-inf")
     probs = torch.softmax(logits, dim=0)
-    if params.top_p < 1.0:
+    if top_p < 1.0:
         sorted_p, order = torch.sort(probs, descending=True)
         cum = torch.cumsum(sorted_p, dim=0)
-        drop = cum - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
+        drop = cum - sorted_p >= top_p  # keep the smallest prefix reaching top_p
         sorted_p[drop] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
     return int(torch.multinomial(probs, 1, generator=gen))

@@ -4,7 +4,7 @@ uses it. The stage interfaces are in contract.py; the LM stage is lm.SpeechLM.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import torch
 from ..text.tokenizer import TextTokenizer
 from .contract import PAD_TOKEN, FlowStage, VocoderStage, Voice
 from .lm import SpeechLM
-from .sampling import SamplingParams
+from .sampling import COSYVOICE2, SamplingParams
 from .stretch import MelStretcher
 
 
@@ -35,9 +35,9 @@ class SpeechModel:
     # A folder with the prompt frontend's ONNX files (FRONTEND_FILES): voices can be made
     # from reference audio (voices/registry.py). None: this model cannot clone voices.
     frontend_dir: Path | None = None
-    # The model's own sampling settings (CosyVoice2: its yaml's `sampling`): turns take
-    # the repetition-aware window and threshold from here (`SamplingParams.of_model`).
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # The model's own sampling settings (CosyVoice2: its yaml's `sampling`): its LM
+    # engines complete every request's from here (`SamplingParams.of_model`).
+    sampling: SamplingParams = COSYVOICE2
 
     @property
     def device(self) -> torch.device:

@@ -234,7 +234,7 @@ class Turn:
         self._lm = self.engine.lm.generate(
             text_ids,
             self.settings.voice,
-            self.settings.sampling.of_model(self.engine.model.sampling),
+            self.settings.sampling,
             self._gen,
             min_len=int(n * lo),
             max_len=max(1, min(int(n * hi), self.max_segment_tokens or 1 << 30)),

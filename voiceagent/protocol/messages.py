@@ -23,6 +23,11 @@ LANGUAGES = ("auto", "en", "zh", "ja", "ko", "yue", "de", "fr", "es", "it", "ru"
 INPUT_RATES = (0, *PCM16_RATES)  # 0: no microphone
 
 
+# Settings whose default is the model's, as its files state it (a voice knows how
+# narrowly its tokens are best drawn); `Sampling`'s values are CosyVoice2's.
+MODEL_DEFAULTS = ("sampling.top_k", "sampling.top_p")
+
+
 @dataclass(frozen=True)
 class Sampling:
     temperature: float = 1.0
@@ -395,7 +400,11 @@ def settings_table() -> str:
             allowed = f"{_num(s.lo)} to {_num(s.hi)}"
         else:
             allowed = "true, false" if s.kind is bool else "any"
-        default = f"`{json.dumps(s.default)}`" if s.key != "voice" else "the model's first voice"
+        default = f"`{json.dumps(s.default)}`"
+        if s.key == "voice":
+            default = "the model's first voice"
+        elif s.key in MODEL_DEFAULTS:
+            default = f"the model's ({default} for CosyVoice2)"
         kind = {str: "string", int: "integer", float: "number", bool: "boolean"}[s.kind]
         rows.append(f"| `{s.key}` | {kind} | {allowed} | {default} | {s.doc} |")
     return "\n".join(rows) + "\n"

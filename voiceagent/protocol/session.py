@@ -36,6 +36,7 @@ from .messages import (
     Format,
     Ping,
     PlaybackReport,
+    Sampling,
     Settings,
     StartSession,
     TextDelta,
@@ -67,6 +68,8 @@ class Catalog:
     # The model's name for a voice, where it differs (a tenant's "anna" is "acme/anna")
     keys: dict[str, str] = field(default_factory=dict)
     roles: dict[str, Role] = field(default_factory=dict)  # those whose voice is offered
+    # A session's sampling until it sets its own: the model's top-k and top-p
+    sampling: Sampling = field(default_factory=Sampling)
 
     def voice_key(self, name: str) -> str:
         """The model's name for a voice or role."""
@@ -212,7 +215,7 @@ class SessionCore:
     def _start(self, changes: dict[str, Any]) -> list[Action]:
         if self.started:
             raise ProtocolError(ErrorCode.SESSION_ALREADY_STARTED, "session already started")
-        base = Settings(voice=self.catalog.default_voice)
+        base = Settings(voice=self.catalog.default_voice, sampling=self.catalog.sampling)
         changes = self.catalog.with_role(changes)
         self.settings = self._pin(apply_settings(base, changes, self.catalog.names))
         return [SendEvent(self.describe())]

@@ -55,6 +55,7 @@ from ..compat.routes import compat_routes
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
+from ..protocol.messages import Sampling
 from ..protocol.roles import Role, parse_roles
 from ..protocol.session import Catalog, Limits
 from ..session.admission import Admission
@@ -119,6 +120,7 @@ class VoiceServer:
         self.connections = ConnectionGate(config.guard)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         model = engine.model
+        top_k, top_p = model.sampling.nucleus
         self.catalog = Catalog(
             voices=tuple(model.voices),
             model={
@@ -128,6 +130,7 @@ class VoiceServer:
                 "engine": engine.name,
             },
             default_voice=next(iter(model.voices), ""),
+            sampling=Sampling(top_k=top_k, top_p=top_p),
         )
         self._voice_files: dict[Path, float] = {}
         self._catalogs: dict[tuple[str, str | None], Catalog] = {}
@@ -273,7 +276,9 @@ class VoiceServer:
         tenant, scope = principal.tenant, principal.voice
         catalog = self._catalogs.get((tenant, scope))
         if catalog is None:
-            catalog = Catalog((), self.catalog.model, "", tenant=tenant)
+            catalog = Catalog(
+                (), self.catalog.model, "", tenant=tenant, sampling=self.catalog.sampling
+            )
             self._catalogs[(tenant, scope)] = self._fill(catalog, tenant, scope)
         return catalog
 

@@ -68,13 +68,13 @@ from ..model.cosyvoice2.text_tokenizer import (
 )
 from ..model.cosyvoice2.yaml_config import read_yaml
 from ..model.lm import SOS_ROW, TASK_ROW, DecoderLayer, LMConfig, SpeechLM, _rotate_half
-from ..model.sampling import SamplingParams
+from ..model.sampling import COSYVOICE2, SamplingParams
 from ..model.speech_model import SpeechModel
 from ..text.lexicon import Lexicon
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, inherit, tokens
-from .sizes import RAS_TAU, VOICE
+from .sizes import RAS_TAU, TOP_K, VOICE
 from .update import step_precision, update
 
 IGNORE = -100
@@ -879,7 +879,7 @@ def lm_model(work: Path, sizes: dict[str, int] | None = None) -> SpeechModel:
         mel_bins=80,
         token_ratio=(cfg.min_tokens_per_text_token, cfg.max_tokens_per_text_token),
         spk_dim=192,
-        sampling=SamplingParams(ras_tau=RAS_TAU),  # as the exported yaml says
+        sampling=replace(COSYVOICE2, top_k=TOP_K, ras_tau=RAS_TAU),  # as the exported yaml says
     )
 
 
@@ -898,7 +898,7 @@ def speak_tokens(
     `text` as one segment: encoded, length-bounded and sampled as a turn does."""
     from ..engine.lm_engine import EmbeddedLM
 
-    params = (params or SamplingParams()).of_model(model.sampling)
+    params = params or SamplingParams()
     text_ids = encode(model.tokenizer, text, language)
     lo, hi = model.token_ratio
     n = len(text_ids)

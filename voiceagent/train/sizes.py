@@ -39,15 +39,25 @@ FLOW_STEPS = 4
 
 
 RAS_TAU = 0.25  # repetition-aware sampling's threshold for our tokens (`voice_yaml`)
+# Our voice's top-k (`voice_yaml`; a client may set its own): drawn more narrowly than
+# CosyVoice2's 25, our LM's tokens are heard better. Intelligibility bench, 100 held-out
+# sentences x seeds 0, 1, the twelfth run's voice: WER 0.461 at top-k 25, 0.429 at 10,
+# 0.421 at 5 (seed to seed 0.054, 0.030, 0.012 apart); temperature 0.7 at 25: 0.440.
+TOP_K = 5
 
 
 def voice_yaml(sizes: dict[str, int] | None = None) -> str:
     """`cosyvoice2.yaml` of our voice at `sizes` (default `VOICE`): the released layout
-    with two settings of ours. Repetition-aware sampling redraws a token seen in the
+    with settings of ours. Repetition-aware sampling redraws a token seen in the
     last 10 with probability above tau_r: 0.1 (CosyVoice2's) would redraw 8.7 % of the
-    teacher's own tokens (ours repeat more than its codes do), 0.25 under 1 %. And the
-    flow starts at `FLOW_START_T`, in `FLOW_STEPS` Euler steps."""
-    text = yaml_text({**VOICE, **(sizes or {})}).replace("tau_r: 0.1", f"tau_r: {RAS_TAU}")
+    teacher's own tokens (ours repeat more than its codes do), 0.25 under 1 %. Tokens
+    are drawn from the `TOP_K` likeliest. And the flow starts at `FLOW_START_T`, in
+    `FLOW_STEPS` Euler steps."""
+    text = yaml_text({**VOICE, **(sizes or {})})
+    for old, new in [("tau_r: 0.1", f"tau_r: {RAS_TAU}"), ("top_k: 25", f"top_k: {TOP_K}")]:
+        if old not in text:
+            raise ValueError(f"the released yaml layout changed: no {old!r} to replace")
+        text = text.replace(old, new)
     cfg = "                inference_cfg_rate: 0.7\n"
     if cfg not in text:
         raise ValueError("the released yaml layout changed: no inference_cfg_rate to follow")

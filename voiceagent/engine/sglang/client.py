@@ -115,6 +115,7 @@ class SGLangLM:
         stream = TokenStream(loop, cancel)
         stream.prompt_tokens = len(ids)
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=gen))
+        params = params.of_model(self.model.sampling)
         task = loop.create_task(
             self._run(rid, ids, params, seed, min(min_len, max_len), max_len, stream)
         )
@@ -151,6 +152,7 @@ class SGLangLM:
         finished = False  # the request ran to its end (for the latency histogram)
         off = int(self.meta["speech_offset"])
         stops = set(self.meta["stop_ids"])
+        top_k, top_p = params.nucleus
         produced: list[int] = []
         try:
             phases = [(min_len, self._no_stop, f"{rid}-a")] if min_len else []
@@ -164,8 +166,8 @@ class SGLangLM:
                     "stream": True,
                     "sampling_params": {
                         "temperature": params.temperature,
-                        "top_k": params.top_k if params.top_k > 0 else -1,
-                        "top_p": params.top_p,
+                        "top_k": top_k if top_k > 0 else -1,
+                        "top_p": top_p,
                         "max_new_tokens": budget,
                         "logit_bias": bias,
                         "stop_token_ids": sorted(stops),
