@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,7 +28,7 @@ from voiceagent.model import checkpoint
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
-from voiceagent.train import wer
+from voiceagent.train import sizes, wer
 
 SENTENCES = (
     "Your balance is $45.20.",
@@ -68,6 +69,21 @@ def test_the_shipped_voice_is_small_enough_to_live_with_the_project() -> None:
     state a new machine resumes from)."""
     files = [p for p in checkpoint.SHIPPED_VOICE.rglob("*") if p.is_file()]
     assert files and sum(p.stat().st_size for p in files) <= 50e6
+
+
+def test_a_session_draws_our_voices_tokens_as_its_files_say(
+    voice: SpeechModel, server: BackgroundServer
+) -> None:
+    """Its yaml's top-k (`train.sizes.TOP_K`, narrower than CosyVoice2's 25) is what a
+    session starts with, and says so in `session.created`."""
+
+    async def created() -> dict[str, Any]:
+        async with connect(server.url) as ws:
+            return await Client(ws).start()
+
+    assert voice.sampling.top_k == sizes.TOP_K
+    sampling = asyncio.run(created())["settings"]["sampling"]
+    assert (sampling["top_k"], sampling["top_p"]) == (sizes.TOP_K, voice.sampling.top_p)
 
 
 def test_our_voice_is_understood_over_a_websocket(server: BackgroundServer) -> None:

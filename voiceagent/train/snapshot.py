@@ -84,7 +84,13 @@ def _copy(src: Path, dst: Path) -> None:
 def _pack(corpus_dir: Path) -> None:
     src = corpus_dir / PACKED
     if src.is_file():
-        with src.open("rb") as f, gzip.open(src.with_name(PACKED + ".gz"), "wb", 9) as out:
+        # No name or time in the header: the same corpus packs to the same bytes, so a
+        # new export of the voice changes in git only what changed.
+        with (
+            src.open("rb") as f,
+            src.with_name(PACKED + ".gz").open("wb") as raw,
+            gzip.GzipFile("", "wb", 9, raw, mtime=0) as out,
+        ):
             shutil.copyfileobj(f, out)
         src.unlink()
 
