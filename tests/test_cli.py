@@ -191,8 +191,13 @@ def test_webrtc_bench_reports_real_time_sessions_and_barge_in_latency(tiny_dir):
     underruns = run["underrun_frames"]
     assert report["sessions_realtime"] == (1 if underruns == 0 else 0)
     assert underruns < 10 or run["server_gaps"] > 0, run
-    # VAD onset (60 ms) + a frame each way at least; far below a second on loopback
-    assert 80 < report["bargein_ms_p50"] <= report["bargein_ms_p95"] < 1000
+    # VAD onset (60 ms) + a frame each way at least; far below a second on loopback. A
+    # barge-in while the server's track ran dry (a busy machine) cannot be timed: the bot
+    # was not heard when the person started (once measured as 1.1 ms beside the suite).
+    if report["bargein_ms_p50"] is None:
+        assert run["server_gaps"] > 0, run
+    else:
+        assert 80 < report["bargein_ms_p50"] <= report["bargein_ms_p95"] < 1000
     assert 0 < report["server_cpu_pct_per_session"] < 200
 
 

@@ -201,8 +201,9 @@ def test_cancel_aborts_the_request_on_sglang(sglang, tiny_model):
             async with connect(vs.url) as ws:
                 c = Client(ws)
                 await c.start()
-                # One long segment (no sentence marks): its request is surely still running.
-                await c.send({"type": "speak", "text": "and then " * 20, "turn_id": "x"})
+                # One long segment (no sentence marks, 120 words): its request is still
+                # running at the first frame (40 words once finished first in the full suite).
+                await c.send({"type": "speak", "text": "and then " * 60, "turn_id": "x"})
                 while not isinstance(await ws.recv(), bytes):
                     pass
                 assert lm.load == 1

@@ -37,7 +37,7 @@ CUT_FRAMES = 10  # the bot counts as silenced at the first of this many silent f
 class SessionResult:
     underrun_frames: int  # silent frames inside the turn's audio, before the barge-in
     server_gaps: int  # audio.sync events inside the turn: the server's track ran dry
-    bargein_ms: float | None  # None: the turn was not cut off
+    bargein_ms: float | None  # None: the turn was not cut off while it was heard
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,22 @@ class Options:
     # on loopback adapts down to about one.
     client_prefetch: int = 1
     max_ahead_ms: int = 5000  # the server's --max-ahead-ms
+
+
+def cut_time(levels: list[float]) -> int | None:
+    """Index of the frame (of those heard from the person's onset on, by RMS) where the
+    bot was cut off: the first of `CUT_FRAMES` silent ones after it was heard. The bot
+    must be heard after the onset to be cut: a track that had run dry at the onset (a
+    busy machine) was not cut by the person, and its barge-in cannot be timed (None)."""
+    heard = next((i for i, r in enumerate(levels) if r > SILENT_RMS), len(levels))
+    return next(
+        (
+            i
+            for i in range(heard, len(levels) - CUT_FRAMES + 1)
+            if all(r <= SILENT_RMS for r in levels[i : i + CUT_FRAMES])
+        ),
+        None,
+    )
 
 
 async def one_session(base: str, index: int, opts: Options) -> SessionResult:
@@ -76,17 +92,9 @@ async def one_session(base: str, index: int, opts: Options) -> SessionResult:
         await asyncio.sleep(0.2 + CUT_FRAMES * 0.02)
         onset = mic.onset
         assert onset is not None
-        after = [rms for _, rms, t in peer.frames if t >= onset]
-        times = [t for _, _, t in peer.frames if t >= onset]
-        cut = next(
-            (
-                i
-                for i in range(len(after) - CUT_FRAMES + 1)
-                if all(r <= SILENT_RMS for r in after[i : i + CUT_FRAMES])
-            ),
-            None,
-        )
-        latency = None if cut is None else (times[cut] - onset) * 1000
+        after = [(t, rms) for _, rms, t in peer.frames if t >= onset]
+        cut = cut_time([rms for _, rms in after])
+        latency = None if cut is None else (after[cut][0] - onset) * 1000
         gaps = sum(e["offset_ms"] > 0 for e in peer.syncs())
         return SessionResult(underruns, gaps, latency)
     finally:
