@@ -312,13 +312,16 @@ def _export(work: Path, args: argparse.Namespace) -> int:
 
 
 def _check_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sentences", type=int, default=20, help="held-out sentences to hear")
+    p.add_argument("--sentences", type=int, default=20, help="held-out sentences to hear (0: none)")
 
 
 def _check(work: Path, args: argparse.Namespace) -> int:
     if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
         return code
-    report = check.run(work, getattr(args, "sentences", 20))
+    if (n := getattr(args, "sentences", 20)) <= 0:
+        print("check: no sentences to hear (skipped)")
+        return 0
+    report = check.run(work, n)
     n = report.pop("sentences")
     print(f"check: WER of each part alone over {n} held-out sentences (docs/training.md)")
     for part, wer in report.items():
@@ -346,6 +349,9 @@ def _seed(work: Path, args: argparse.Namespace) -> int:
     return 0
 
 
+PARTS = ("lm", "flow", "vocoder")
+
+
 def _all_flags(p: argparse.ArgumentParser) -> None:
     for add in (
         _corpus_flags,
@@ -356,13 +362,23 @@ def _all_flags(p: argparse.ArgumentParser) -> None:
         _check_flags,
     ):
         add(p)
+    for part in PARTS:
+        p.add_argument(
+            f"--{part}-min",
+            type=float,
+            help=f"minutes of {part} training (default: --budget-min)",
+        )
 
 
 def _all(work: Path, args: argparse.Namespace) -> int:
     """Every stage in order (up to `check`); a complete one skips itself, a training
-    stage trains --budget-min more minutes from its checkpoint."""
+    stage trains its own budget (--lm-min ...) or --budget-min more minutes from its
+    checkpoint."""
     for stage in STAGES[: [s.name for s in STAGES].index("check") + 1]:
-        if (code := _timed(stage, work, args)) != 0:
+        own = getattr(args, f"{stage.name}_min", None)
+        budget = args.budget_min if own is None else own
+        stage_args = argparse.Namespace(**{**vars(args), "budget_min": budget})
+        if (code := _timed(stage, work, stage_args)) != 0:
             return code
     return 0
 

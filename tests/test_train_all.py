@@ -1,0 +1,61 @@
+"""`voiceagent train all`: the whole pipeline from an empty work directory in one
+command, the same command again resuming it. Real Piper speaks the corpus (from
+.venv-piper, bash deploy/setup-piper.sh; skipped without it, which VOICEAGENT_NO_SKIPS=1
+turns into a failure); the corpus is a minute of speech and each part trains for a few
+seconds, so only the plumbing is tested (`check`, which hears the parts, is skipped
+here: tests/test_train_check.py hears it)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from voiceagent.cli import main
+from voiceagent.model.checkpoint import load
+from voiceagent.train import teacher
+
+STAGES = ("corpus", "teacher", "feats", "tokens", "lm", "flow", "vocoder", "export", "check", "all")
+
+
+@pytest.fixture(scope="module")
+def piper() -> teacher.Piper:
+    try:
+        return teacher.find_piper()
+    except teacher.TeacherMissing as exc:
+        pytest.skip(f"the teacher is not installed: {exc}")
+
+
+def timed(out: str) -> list[str]:
+    """The stages a run's output says it ran, in order (each prints `name: N s` last)."""
+    return re.findall(r"^(\w+): [\d.]+ s$", out, re.MULTILINE)
+
+
+def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
+    tmp_path: Path, piper: teacher.Piper, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work, voice = tmp_path / "work", tmp_path / "voice"
+    command = ["train", "all", "--out", str(work), "--to", str(voice)]
+    command += ["--hours", "0.015", "--heldout", "2", "--no-asterisk", "--codes", "24"]
+    command += ["--budget-min", "0.15", "--sentences", "0"]
+
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert timed(out) == list(STAGES), out
+    assert "check: no sentences to hear (skipped)" in out
+    first = json.loads((voice / "TRAINED").read_text())["steps"]
+    assert min(first.values()) > 0, first
+    model = load(voice)
+    assert model.voices and not model.random_weights
+
+    # Again: the data is kept and the parts train on, each for its own budget where
+    # it has one (here the LM none at all) and for --budget-min where not.
+    assert main([*command, "--lm-min", "0"]) == 0
+    out = capsys.readouterr().out
+    for stage in ("corpus", "teacher", "feats", "tokens"):
+        assert re.search(rf"^{stage}: .*\(skipped\)$", out, re.MULTILINE), out
+    again = json.loads((voice / "TRAINED").read_text())["steps"]
+    assert again["lm"] == first["lm"], (first, again)
+    assert again["flow"] > first["flow"] and again["vocoder"] > first["vocoder"], (first, again)
