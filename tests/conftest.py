@@ -124,6 +124,17 @@ def spoken() -> Any:
     return espeak_pcm("Hello, I would like to change my delivery address please", 48000)[0]
 
 
+@pytest.fixture(scope="module")
+def piper() -> Any:
+    """The real Piper teacher (.venv-piper: bash deploy/setup-piper.sh)."""
+    from voiceagent.train import teacher
+
+    try:
+        return teacher.find_piper()
+    except teacher.TeacherMissing as exc:
+        pytest.skip(f"the teacher is not installed: {exc}")
+
+
 # -- voices from real speech (test_voice_registry.py, test_compat_voices.py) ------------
 
 

@@ -74,16 +74,21 @@ def test_the_shipped_voice_is_small_enough_to_live_with_the_project() -> None:
 def test_a_session_draws_our_voices_tokens_as_its_files_say(
     voice: SpeechModel, server: BackgroundServer
 ) -> None:
-    """Its yaml's top-k (`train.sizes.TOP_K`, narrower than CosyVoice2's 25) is what a
-    session starts with, and says so in `session.created`."""
+    """Its yaml's top-k and temperature (`train.sizes.TOP_K` and `TEMPERATURE`: 5 and
+    0.8, against CosyVoice2's 25 and 1.0) are what a session starts with, and says so
+    in `session.created`."""
 
     async def created() -> dict[str, Any]:
         async with connect(server.url) as ws:
             return await Client(ws).start()
 
-    assert voice.sampling.top_k == sizes.TOP_K
+    assert (voice.sampling.temperature, voice.sampling.top_k) == (sizes.TEMPERATURE, sizes.TOP_K)
     sampling = asyncio.run(created())["settings"]["sampling"]
-    assert (sampling["top_k"], sampling["top_p"]) == (sizes.TOP_K, voice.sampling.top_p)
+    assert (sampling["temperature"], sampling["top_k"], sampling["top_p"]) == (
+        sizes.TEMPERATURE,
+        sizes.TOP_K,
+        voice.sampling.top_p,
+    )
 
 
 def test_our_voice_is_understood_over_a_websocket(server: BackgroundServer) -> None:

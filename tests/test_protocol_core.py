@@ -148,13 +148,14 @@ def test_session_start_creates_the_session_with_default_settings() -> None:
 
 
 def test_a_session_samples_as_its_model_says_until_it_sets_its_own() -> None:
-    """The catalog carries the model's top-k and top-p (our voice: 5 rather than
-    CosyVoice2's 25): a new session reports them and keeps what it sets itself."""
-    catalog = Catalog(("agent",), MODEL, "agent", sampling=Sampling(top_k=5, top_p=0.9))
+    """The catalog carries the model's temperature, top-k and top-p (our voice: 0.8
+    and 5 rather than CosyVoice2's 1.0 and 25): a new session reports them and keeps
+    what it sets itself."""
+    catalog = Catalog(("agent",), MODEL, "agent", sampling=Sampling(0.8, top_k=5, top_p=0.9))
     core = SessionCore("s1", catalog, Limits())
     [created] = events(send(core, {"type": "session.start", "sampling": {"seed": 4}}))
     assert created["settings"]["sampling"] == {
-        "temperature": 1.0,
+        "temperature": 0.8,
         "top_k": 5,
         "top_p": 0.9,
         "seed": 4,

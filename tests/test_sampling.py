@@ -27,15 +27,15 @@ def test_top_k_and_top_p_limit_the_candidates():
     logits = torch.full((V,), -10.0)
     logits[:50] = torch.linspace(5, 4, 50)
     top = set(torch.topk(logits, 3).indices.tolist())
-    assert set(draw(logits, SamplingParams(top_k=3, top_p=1.0, ras_window=0))) <= top
+    assert set(draw(logits, SamplingParams(1.0, top_k=3, top_p=1.0, ras_window=0))) <= top
     # One dominant token holds > top_p of the mass: only it is drawn.
     logits[7] = 20.0
-    assert set(draw(logits, SamplingParams(top_k=25, top_p=0.8, ras_window=0))) == {7}
+    assert set(draw(logits, SamplingParams(1.0, top_k=25, top_p=0.8, ras_window=0))) == {7}
 
 
 def test_temperature_zero_is_greedy():
     logits = torch.randn(V)
-    assert draw(logits, SamplingParams(temperature=0), n=3) == [int(logits.argmax())] * 3
+    assert draw(logits, replace(COSYVOICE2, temperature=0), n=3) == [int(logits.argmax())] * 3
 
 
 def test_stop_tokens_are_masked_until_allowed():
@@ -54,11 +54,11 @@ def test_a_token_repeating_in_the_recent_window_is_resampled():
     assert 42 not in draw(logits, p, history=[1, 42, 3])  # once in the window is enough
 
 
-def test_a_client_that_sets_no_top_k_or_top_p_gets_the_models():
-    model = SamplingParams(top_k=5, top_p=0.9, ras_window=7, ras_tau=0.25)
-    assert SamplingParams(seed=3).of_model(model) == SamplingParams(1.0, 5, 0.9, 3, 7, 0.25)
-    mine = SamplingParams(top_k=0, top_p=1.0).of_model(model)  # 0 and 1.0: off, not unset
-    assert mine.nucleus == (0, 1.0)
+def test_a_client_that_sets_no_temperature_top_k_or_top_p_gets_the_models():
+    model = SamplingParams(0.8, top_k=5, top_p=0.9, ras_window=7, ras_tau=0.25)
+    assert SamplingParams(seed=3).of_model(model) == SamplingParams(0.8, 5, 0.9, 3, 7, 0.25)
+    mine = SamplingParams(0.0, top_k=0, top_p=1.0).of_model(model)  # off, not unset
+    assert mine.drawing == (0.0, 0, 1.0)
     with pytest.raises(ValueError, match="of_model"):
         draw(torch.zeros(V), SamplingParams(), n=1)  # incomplete: never silently unlimited
 
@@ -66,7 +66,7 @@ def test_a_client_that_sets_no_top_k_or_top_p_gets_the_models():
 @pytest.mark.parametrize(
     ("client", "expected"),
     [
-        (SamplingParams(seed=3), SamplingParams(1.0, 5, 0.9, 3, 7, 0.25)),
+        (SamplingParams(seed=3), SamplingParams(0.7, 5, 0.9, 3, 7, 0.25)),
         (
             SamplingParams(temperature=0.5, top_k=9, top_p=0.7, seed=3),
             SamplingParams(0.5, 9, 0.7, 3, 7, 0.25),
@@ -74,9 +74,10 @@ def test_a_client_that_sets_no_top_k_or_top_p_gets_the_models():
     ],
 )
 def test_a_model_files_sampling_settings_reach_its_turns(tmp_path, monkeypatch, client, expected):
-    """The yaml's `top_k` and `top_p` are a turn's unless its client sets them; `tau_r`
-    and `win_size` (ours: 0.25, since our tokens repeat more than CosyVoice2's) always
-    are. Seen where the real LM engine draws each token."""
+    """The yaml's `top_k`, `top_p` and `sampling_temperature` (a key of ours) are a
+    turn's unless its client sets them; `tau_r` and `win_size` (ours: 0.25, since our
+    tokens repeat more than CosyVoice2's) always are. Seen where the real LM engine
+    draws each token."""
     import asyncio
 
     from voiceagent.engine import lm_engine
@@ -94,9 +95,9 @@ def test_a_model_files_sampling_settings_reach_its_turns(tmp_path, monkeypatch, 
     for old, new in [("top_k: 25", "top_k: 5"), ("top_p: 0.8", "top_p: 0.9")]:
         assert old in text
         text = text.replace(old, new)
-    yaml.write_text(text)
+    yaml.write_text(text + "sampling_temperature: 0.7\n")
     model = checkpoint.load(directory)
-    assert model.sampling == SamplingParams(1.0, 5, 0.9, 0, 7, 0.25)
+    assert model.sampling == SamplingParams(0.7, 5, 0.9, 0, 7, 0.25)
 
     drawn: list[SamplingParams] = []
 

@@ -20,14 +20,6 @@ from voiceagent.train import teacher
 STAGES = ("corpus", "teacher", "feats", "tokens", "lm", "flow", "vocoder", "export", "check", "all")
 
 
-@pytest.fixture(scope="module")
-def piper() -> teacher.Piper:
-    try:
-        return teacher.find_piper()
-    except teacher.TeacherMissing as exc:
-        pytest.skip(f"the teacher is not installed: {exc}")
-
-
 def timed(out: str) -> list[str]:
     """The stages a run's output says it ran, in order (each prints `name: N s` last)."""
     return re.findall(r"^(\w+): [\d.]+ s$", out, re.MULTILINE)

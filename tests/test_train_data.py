@@ -29,14 +29,6 @@ def built() -> tuple[list[corpus.Sentence], list[corpus.Sentence]]:
     return corpus.build(Params())
 
 
-@pytest.fixture(scope="module")
-def piper() -> teacher.Piper:
-    try:
-        return teacher.find_piper()
-    except teacher.TeacherMissing as exc:
-        pytest.skip(f"the teacher is not installed: {exc}")
-
-
 def _pcm(path: Path) -> np.ndarray:
     with wave.open(str(path)) as w:
         return np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float32) / 32768

@@ -18,7 +18,7 @@ from .contract import SPEECH_CODES
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0
+    temperature: float | None = None  # None: the model's (CosyVoice2: 1.0)
     top_k: int | None = None  # None: the model's (its yaml's `sampling`; CosyVoice2: 25)
     top_p: float | None = None  # None: the model's (CosyVoice2: 0.8)
     seed: int = 0
@@ -27,11 +27,12 @@ class SamplingParams:
 
     def of_model(self, model: SamplingParams) -> SamplingParams:
         """These settings completed by `model`'s: a client chooses temperature, top-k,
-        top-p and seed (top-k and top-p default to the model's, as its files state them:
-        a voice knows how narrowly its tokens are best drawn); the model's files choose
-        the repetition-aware window and threshold."""
+        top-p and seed (the first three default to the model's, as its files state them:
+        a voice knows how its tokens are best drawn); the model's files choose the
+        repetition-aware window and threshold."""
         return replace(
             self,
+            temperature=model.temperature if self.temperature is None else self.temperature,
             top_k=model.top_k if self.top_k is None else self.top_k,
             top_p=model.top_p if self.top_p is None else self.top_p,
             ras_window=model.ras_window,
@@ -39,15 +40,15 @@ class SamplingParams:
         )
 
     @property
-    def nucleus(self) -> tuple[int, float]:
-        """(top_k, top_p) once `of_model` has completed them."""
-        if self.top_k is None or self.top_p is None:
+    def drawing(self) -> tuple[float, int, float]:
+        """(temperature, top_k, top_p) once `of_model` has completed them."""
+        if self.temperature is None or self.top_k is None or self.top_p is None:
             raise ValueError("sampling parameters not completed by the model's (of_model)")
-        return self.top_k, self.top_p
+        return self.temperature, self.top_k, self.top_p
 
 
 # A model's sampling when its files state none: CosyVoice2's yaml (`ras_sampling`).
-COSYVOICE2 = SamplingParams(top_k=25, top_p=0.8, ras_window=10, ras_tau=0.1)
+COSYVOICE2 = SamplingParams(1.0, top_k=25, top_p=0.8, ras_window=10, ras_tau=0.1)
 
 
 def sample_token(
@@ -63,9 +64,10 @@ def sample_token(
     logits = logits.float().clone()
     if not allow_stop:
         logits[SPEECH_CODES:] = float("-inf")
-    if params.temperature <= 0:
+    temperature = params.drawing[0]
+    if temperature <= 0:
         return int(torch.argmax(logits))
-    logits = logits / params.temperature
+    logits = logits / temperature
     token = _nucleus(logits, params, gen)
     recent = (history or [])[-params.ras_window :]
     if params.ras_window > 0 and recent.count(token) >= params.ras_window * params.ras_tau:
@@ -76,7 +78,7 @@ def sample_token(
 
 def _nucleus(logits: Tensor, params: SamplingParams, gen: torch.Generator) -> int:
     logits = logits.clone()
-    top_k, top_p = params.nucleus
+    _, top_k, top_p = params.drawing
     if 0 < top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits[logits < kth] = float("-inf")

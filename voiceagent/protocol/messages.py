@@ -23,9 +23,9 @@ LANGUAGES = ("auto", "en", "zh", "ja", "ko", "yue", "de", "fr", "es", "it", "ru"
 INPUT_RATES = (0, *PCM16_RATES)  # 0: no microphone
 
 
-# Settings whose default is the model's, as its files state it (a voice knows how
-# narrowly its tokens are best drawn); `Sampling`'s values are CosyVoice2's.
-MODEL_DEFAULTS = ("sampling.top_k", "sampling.top_p")
+# Settings whose default is the model's, as its files state it (a voice knows how its
+# tokens are best drawn); `Sampling`'s values are CosyVoice2's.
+MODEL_DEFAULTS = ("sampling.temperature", "sampling.top_k", "sampling.top_p")
 
 
 @dataclass(frozen=True)

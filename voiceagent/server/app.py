@@ -120,7 +120,7 @@ class VoiceServer:
         self.connections = ConnectionGate(config.guard)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
         model = engine.model
-        top_k, top_p = model.sampling.nucleus
+        temperature, top_k, top_p = model.sampling.drawing
         self.catalog = Catalog(
             voices=tuple(model.voices),
             model={
@@ -130,7 +130,7 @@ class VoiceServer:
                 "engine": engine.name,
             },
             default_voice=next(iter(model.voices), ""),
-            sampling=Sampling(top_k=top_k, top_p=top_p),
+            sampling=Sampling(temperature, top_k, top_p),
         )
         self._voice_files: dict[Path, float] = {}
         self._catalogs: dict[tuple[str, str | None], Catalog] = {}

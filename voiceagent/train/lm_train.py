@@ -74,7 +74,7 @@ from ..text.lexicon import Lexicon
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, inherit, tokens
-from .sizes import RAS_TAU, TOP_K, VOICE
+from .sizes import RAS_TAU, TEMPERATURE, TOP_K, VOICE
 from .update import step_precision, update
 
 IGNORE = -100
@@ -879,7 +879,8 @@ def lm_model(work: Path, sizes: dict[str, int] | None = None) -> SpeechModel:
         mel_bins=80,
         token_ratio=(cfg.min_tokens_per_text_token, cfg.max_tokens_per_text_token),
         spk_dim=192,
-        sampling=replace(COSYVOICE2, top_k=TOP_K, ras_tau=RAS_TAU),  # as the exported yaml says
+        # as the exported yaml says
+        sampling=replace(COSYVOICE2, temperature=TEMPERATURE, top_k=TOP_K, ras_tau=RAS_TAU),
     )
 
 

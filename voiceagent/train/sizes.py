@@ -39,11 +39,14 @@ FLOW_STEPS = 4
 
 
 RAS_TAU = 0.25  # repetition-aware sampling's threshold for our tokens (`voice_yaml`)
-# Our voice's top-k (`voice_yaml`; a client may set its own): drawn more narrowly than
-# CosyVoice2's 25, our LM's tokens are heard better. Intelligibility bench, 100 held-out
-# sentences x seeds 0, 1, the twelfth run's voice: WER 0.461 at top-k 25, 0.429 at 10,
-# 0.421 at 5 (seed to seed 0.054, 0.030, 0.012 apart); temperature 0.7 at 25: 0.440.
-TOP_K = 5
+# Our voice's top-k and temperature (`voice_yaml`; the temperature is our key
+# `sampling_temperature`; a client may set its own): drawn more narrowly than
+# CosyVoice2's 25 at 1.0, our LM's tokens are heard better. Intelligibility bench, 100
+# held-out sentences: the twelfth run's voice, seeds 0, 1: WER 0.461 at top-k 25, 0.429
+# at 10, 0.421 at 5; the thirteenth run's, seeds 0-5 (2026-12-05, teacher 0.282): 0.397
+# at top-k 5 and 1.0, 0.385 at 5 and 0.8, 0.381 at 3 and 0.8 (each seed 0.372-0.390).
+TOP_K = 3
+TEMPERATURE = 0.8
 
 
 def voice_yaml(sizes: dict[str, int] | None = None) -> str:
@@ -51,13 +54,17 @@ def voice_yaml(sizes: dict[str, int] | None = None) -> str:
     with settings of ours. Repetition-aware sampling redraws a token seen in the
     last 10 with probability above tau_r: 0.1 (CosyVoice2's) would redraw 8.7 % of the
     teacher's own tokens (ours repeat more than its codes do), 0.25 under 1 %. Tokens
-    are drawn from the `TOP_K` likeliest. And the flow starts at `FLOW_START_T`, in
-    `FLOW_STEPS` Euler steps."""
+    are drawn from the `TOP_K` likeliest at `TEMPERATURE`. And the flow starts at
+    `FLOW_START_T`, in `FLOW_STEPS` Euler steps."""
     text = yaml_text({**VOICE, **(sizes or {})})
     for old, new in [("tau_r: 0.1", f"tau_r: {RAS_TAU}"), ("top_k: 25", f"top_k: {TOP_K}")]:
         if old not in text:
             raise ValueError(f"the released yaml layout changed: no {old!r} to replace")
         text = text.replace(old, new)
+    chunks = "num_decoding_left_chunks: -1\n"
+    if chunks not in text:
+        raise ValueError(f"the released yaml layout changed: no {chunks!r} to follow")
+    text = text.replace(chunks, f"{chunks}sampling_temperature: {TEMPERATURE}  # ours\n")
     cfg = "                inference_cfg_rate: 0.7\n"
     if cfg not in text:
         raise ValueError("the released yaml layout changed: no inference_cfg_rate to follow")

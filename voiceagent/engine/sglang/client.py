@@ -152,7 +152,7 @@ class SGLangLM:
         finished = False  # the request ran to its end (for the latency histogram)
         off = int(self.meta["speech_offset"])
         stops = set(self.meta["stop_ids"])
-        top_k, top_p = params.nucleus
+        temperature, top_k, top_p = params.drawing
         produced: list[int] = []
         try:
             phases = [(min_len, self._no_stop, f"{rid}-a")] if min_len else []
@@ -165,7 +165,7 @@ class SGLangLM:
                     "input_ids": ids + [off + t for t in produced],
                     "stream": True,
                     "sampling_params": {
-                        "temperature": params.temperature,
+                        "temperature": temperature,
                         "top_k": top_k if top_k > 0 else -1,
                         "top_p": top_p,
                         "max_new_tokens": budget,

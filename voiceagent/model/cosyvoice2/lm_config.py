@@ -57,6 +57,8 @@ def read_lm_setup(yaml: dict[str, Any], qwen_dir: Path) -> LMSetup:
     return LMSetup(
         config=config,
         sampling=SamplingParams(
+            # a key of ours (the reference's `ras_sampling` takes no temperature)
+            temperature=float(yaml.get("sampling_temperature", 1.0)),
             top_k=int(sampling.get("top_k", 25)),
             top_p=float(sampling.get("top_p", 0.8)),
             ras_window=int(sampling.get("win_size", 10)),
