@@ -446,7 +446,8 @@ STAGES = [
     ),
     Stage(
         "all",
-        "every stage in order, each skipped when done; training stages train --budget-min",
+        "every stage in order, each skipped when done; each part trains its own budget "
+        "(--lm-min, --flow-min, --vocoder-min) or --budget-min",
         _all_flags,
         _all,
     ),
