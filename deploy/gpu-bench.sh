@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The first-packet and concurrency benches in one command, each within a time budget,
-# on full-size random CosyVoice2 weights (written to ~/.cache/voiceagent once, ~3 GB).
-# Prints one JSON line per bench, the same objects `voiceagent bench --json` prints:
+# on full-size random CosyVoice2 weights (written to ~/.cache/voiceagent once, ~3 GB),
+# then the training tests on the device (the LM, flow and vocoder trained there end
+# where the CPU's do). Prints one JSON line per step, the benches' the same objects
+# `voiceagent bench --json` prints:
 #   {"bench": "first-packet", "device": ..., "report": {...}}
 #   {"bench": "ws", "device": ..., "report": {...}}
+#   {"bench": "train-device", "device": ..., "report": {"pytest_exit": 0}}  (log on stderr)
 # Made for a CUDA machine; runs on the CPU too (slowly), which proves the plumbing.
 #   bash deploy/gpu-bench.sh
 # Environment (all optional): PY (python with voiceagent; .venv/bin/python), DEVICE
@@ -32,3 +35,10 @@ timeout "$step_s" "${va[@]}" bench --scenario first-packet "${model_flag[@]}" \
 timeout "$step_s" "${va[@]}" bench --scenario ws --model "$model" --device "$device" \
   --sessions "${SESSIONS:-1,8,32}" --turns 2 --max-speech-s 6 --lead-ms 100000 --json \
   | line ws
+
+# training on the device: each part's steps there equal the CPU's (pytest's log on stderr)
+set +e
+VOICEAGENT_TRAIN_DEVICE="$device" timeout "$step_s" "$py" -m pytest -q -p no:cacheprovider \
+  tests/test_train_update.py tests/test_train_lm.py tests/test_train_flow.py \
+  tests/test_train_vocoder.py -k device >&2
+echo "{\"pytest_exit\": $?}" | line train-device

@@ -32,6 +32,17 @@ from voiceagent.server.background import BackgroundServer, free_port
 
 
 @pytest.fixture(scope="session")
+def train_device() -> Any:
+    """Where the training tests train besides the CPU: VOICEAGENT_TRAIN_DEVICE (default
+    auto: the first CUDA device where torch sees one). On a CPU-only machine that is the
+    CPU again, so there these tests check the plumbing only; `deploy/gpu-bench.sh` runs
+    them on a CUDA machine."""
+    from voiceagent.train.update import train_device
+
+    return train_device(os.environ.get("VOICEAGENT_TRAIN_DEVICE", "auto"))
+
+
+@pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny")
     tiny.save(tiny.build_random(seed=0), directory)

@@ -66,11 +66,17 @@ def test_first_packet_bench_reports_slices_that_add_up(small_dir):
         env=env,
         capture_output=True,
         text=True,
-        timeout=850,  # two benches of up to STEP_S (300 s) each, on a machine maybe busy
+        timeout=850,  # two benches of up to STEP_S (300 s) each, on a machine maybe busy,
+        # and the training tests (about 10 s)
         check=True,
     )
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
-    assert [(x["bench"], x["device"]) for x in lines] == [("first-packet", "cpu"), ("ws", "cpu")]
+    assert [(x["bench"], x["device"]) for x in lines] == [
+        ("first-packet", "cpu"),
+        ("ws", "cpu"),
+        ("train-device", "cpu"),
+    ]
+    assert lines[2]["report"] == {"pytest_exit": 0}, proc.stderr[-3000:]
     assert lines[1]["report"]["streaming"]["sessions"] == 1
     report = lines[0]["report"]
     for mode in ("baseline", "optimized"):

@@ -254,3 +254,31 @@ def test_a_bfloat16_step_computes_nearly_the_float32_loss(work: Path) -> None:
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         assert mixed != exact  # it did run in bfloat16
     assert {p.dtype for p in flow.parameters()} == {torch.float32}
+
+
+def test_the_flow_trains_on_the_device_asked_for_as_it_does_on_the_cpu(
+    work: Path, tmp_path: Path, train_device: torch.device
+) -> None:
+    """The same steps on another device end at the same weights (float32; batches are
+    drawn on the CPU and moved), and the checkpoint loads on the CPU."""
+    params = Params(bf16=False)
+    states, runs = [], []
+    for name, device in (("cpu", torch.device("cpu")), ("other", train_device)):
+        shutil.copytree(work, tmp_path / name)
+        runs.append(
+            flow_train.train(
+                tmp_path / name,
+                600,
+                sizes=SMALL,
+                params=params,
+                steps=3,
+                say=lambda _: None,
+                device=device,
+            )
+        )
+        states.append(flow_train.export_state(tmp_path / name))  # loads on the CPU
+    assert [r["device"] for r in runs] == ["cpu", str(train_device)]
+    assert all(v.device.type == "cpu" for v in states[1].values())
+    for key, weight in states[0].items():
+        torch.testing.assert_close(states[1][key], weight, rtol=1e-4, atol=1e-5, msg=key)
+    assert runs[0]["heldout_last"] == pytest.approx(runs[1]["heldout_last"], rel=1e-3)

@@ -262,3 +262,20 @@ def test_the_vocoder_stage_trains_for_its_budget_and_reports(work: Path, capsys)
     out = capsys.readouterr().out
     assert "vocoder: step" in out and "held-out u5" in out
     assert (work / "vocoder" / "checkpoint.pt").is_file()
+
+
+def test_the_vocoder_trains_on_the_device_asked_for_as_it_does_on_the_cpu(
+    tmp_path: Path, train_device: torch.device
+) -> None:
+    """The same steps on another device end at the same weights (batches are drawn on
+    the CPU and moved), and the checkpoint loads on the CPU."""
+    kw = dict(sizes=SMALL, batch=2, segment=16, max_steps=3, teacher_f0_steps=2)
+    runs, weights = [], []
+    for name, device in (("cpu", torch.device("cpu")), ("other", train_device)):
+        write_work(tmp_path / name)
+        runs.append(vt.train(tmp_path / name, 600, device=device, **kw))  # type: ignore[arg-type]
+        weights.append(vt.trained_model(tmp_path / name).state_dict())  # on the CPU
+    assert [r["device"] for r in runs] == ["cpu", str(train_device)]
+    for key, weight in weights[0].items():
+        assert weights[1][key].device.type == "cpu"
+        torch.testing.assert_close(weights[1][key], weight, rtol=1e-4, atol=1e-5, msg=key)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -32,6 +33,9 @@ from . import (
     tokens,
     vocoder_train,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_WORK = Path.home() / ".cache" / "voiceagent" / "train"
 
@@ -176,6 +180,23 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         help="minutes of training (resumes where it left off)",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where the LM, the flow and the vocoder train: auto (the first CUDA device "
+        "when torch sees one, else the CPU), cpu, cuda or cuda:N",
+    )
+
+
+def _device(args: argparse.Namespace) -> torch.device | None:
+    """The torch device --device names, or None once said why it cannot be used."""
+    from .update import train_device
+
+    try:
+        return train_device(getattr(args, "device", "auto"))
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def _lm_flags(p: argparse.ArgumentParser) -> None:
@@ -233,6 +254,8 @@ def _warm(work: Path, args: argparse.Namespace) -> tuple[Path | None, np.ndarray
 def _lm(work: Path, args: argparse.Namespace) -> int:
     # Any tokens will do: the LM reads no audio, so after `seed` it can train on the
     # export's kept tokens while the teacher speaks again for the flow and the vocoder.
+    if (device := _device(args)) is None:
+        return 2
     if (code := _needs("tokens", tokens.has_tokens, work, args)) != 0:
         return code
     if (warm := _warm(work, args)) is None:
@@ -247,6 +270,7 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
         warm_start=warm[0],
         parent=warm[1],
         anneal=getattr(args, "anneal", None),
+        device=device,
     )
     return 0
 
@@ -262,6 +286,8 @@ def _flow_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _flow(work: Path, args: argparse.Namespace) -> int:
+    if (device := _device(args)) is None:
+        return 2
     if (code := _needs("tokens", tokens.is_complete, work, args)) != 0:
         return code
     if (warm := _warm(work, args)) is None:
@@ -269,7 +295,9 @@ def _flow(work: Path, args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    summary = flow_train.train(work, 60 * args.budget_min, warm_start=warm[0], parent=warm[1])
+    summary = flow_train.train(
+        work, 60 * args.budget_min, warm_start=warm[0], parent=warm[1], device=device
+    )
     print(f"flow: {summary}")
     return 0
 
@@ -280,12 +308,15 @@ def _vocoder_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _vocoder(work: Path, args: argparse.Namespace) -> int:
+    if (device := _device(args)) is None:
+        return 2
     if (code := _needs("feats", feats.is_complete, work, args)) != 0:
         return code
     import torch
 
     torch.set_num_threads(args.threads)
-    for line in vocoder_train.run(work, 60 * args.budget_min, getattr(args, "check", 2)):
+    budget_s, check = 60 * args.budget_min, getattr(args, "check", 2)
+    for line in vocoder_train.run(work, budget_s, check, device):
         print(line, flush=True)
     return 0
 
@@ -374,6 +405,8 @@ def _all(work: Path, args: argparse.Namespace) -> int:
     """Every stage in order (up to `check`); a complete one skips itself, a training
     stage trains its own budget (--lm-min ...) or --budget-min more minutes from its
     checkpoint."""
+    if _device(args) is None:  # before hours of teacher speech, not after
+        return 2
     for stage in STAGES[: [s.name for s in STAGES].index("check") + 1]:
         own = getattr(args, f"{stage.name}_min", None)
         budget = args.budget_min if own is None else own

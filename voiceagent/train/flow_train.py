@@ -152,7 +152,7 @@ def speaker_vector(work: Path) -> Tensor:
     """The voice's one speaker vector [192] (made once, seeded, kept in speaker.pt)."""
     path = flow_dir(work) / SPEAKER
     if path.is_file():
-        return torch.load(path, weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     vec = torch.randn(192, generator=torch.Generator().manual_seed(17))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -223,6 +223,11 @@ def make_batch(
     )
 
 
+def on(device: torch.device, batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch of `make_batch` with its tensors on `device`."""
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
 @torch.no_grad()
 def heldout_loss(flow: CosyFlow, data: Data, p: Params, speaker: Tensor) -> float:
     """The flow matching loss over the first `heldout_utts` utterances of `data` with
@@ -239,7 +244,8 @@ def heldout_loss(flow: CosyFlow, data: Data, p: Params, speaker: Tensor) -> floa
     was = flow.training
     flow.eval()
     for a in range(0, n, 8):
-        batch = make_batch(data, a, fixed, speaker, flow.cfg, range(a, min(a + 8, n)))
+        device = next(flow.parameters()).device
+        batch = on(device, make_batch(data, a, fixed, speaker, flow.cfg, range(a, min(a + 8, n))))
         f = float(batch["lengths"].sum())
         total += float(flow.training_loss(**batch)) * f
         frames += f
@@ -266,7 +272,7 @@ def _log(path: Path, rows: list[str]) -> None:
 
 def load_checkpoint(work: Path) -> dict[str, Any] | None:
     path = flow_dir(work) / CHECKPOINT
-    return torch.load(path, weights_only=True) if path.is_file() else None
+    return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
 
 
 def new_flow(sizes: dict[str, int], seed: int = 0) -> CosyFlow:
@@ -283,6 +289,7 @@ def train(
     say: Callable[[str], None] = print,
     warm_start: Path | None = None,
     parent: np.ndarray | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (or `steps` steps, whichever ends
     first), continuing from DIR/flow/checkpoint.pt if there is one; returns a summary.
@@ -292,7 +299,8 @@ def train(
 
     sizes: the flow's sizes (keys of `sizes.VOICE`; default the voice's); a checkpoint
     keeps its own and refuses others. params: default `Params()`; a checkpoint keeps its
-    own.
+    own. device: where it trains (default the CPU; `update.train_device`); batches are
+    drawn on the CPU and moved there.
     """
     begin = time.monotonic()
     out = flow_dir(work)
@@ -307,7 +315,8 @@ def train(
     if sizes is not None and flow_sizes(sizes) != fs:
         raise ValueError(f"{source_path} has sizes {fs}, not {flow_sizes(sizes)}")
     p = Params(**ckpt["params"]) if ckpt is not None else params or Params()
-    flow = new_flow(fs, p.seed)
+    device = device or torch.device("cpu")
+    flow = new_flow(fs, p.seed).to(device)  # before the optimizer: its state follows
     opt = torch.optim.Adam(flow.parameters(), lr=p.lr)
     step, seconds = 0, 0.0
     if ckpt is not None:
@@ -353,11 +362,11 @@ def train(
     frames_done, train_s, steps_done = 0, 0.0, 0
     while time.monotonic() - begin < budget_s and (steps is None or steps_done < steps):
         t0 = time.monotonic()
-        batch = make_batch(data, step, p, speaker, flow.cfg)
+        batch = on(device, make_batch(data, step, p, speaker, flow.cfg))
         lr = p.lr * min(1.0, (step + 1) / max(p.warmup, 1))
         for group in opt.param_groups:
             group["lr"] = lr
-        with step_precision(p.bf16):
+        with step_precision(p.bf16, device):
             loss = flow.training_loss(**batch)
         if update(opt, flow.parameters(), loss, p.grad_clip) is None:
             say(f"flow: step {step}: loss or gradient not finite, batch skipped")
@@ -398,6 +407,7 @@ def train(
         "loss_last": round(sum(tail) / len(tail), 4) if tail else None,
         "heldout_first": None if first_heldout is None else round(first_heldout, 4),
         "heldout_last": round(final_heldout, 4),
+        "device": str(device),
     }
 
 

@@ -550,9 +550,13 @@ class Trainer:
     last_prior: float = 0.0  # the alignment prior's loss at the last step
 
     @classmethod
-    def fresh(cls, cfg: LMConfig, hyper: Hyper) -> Trainer:
-        lm = new_lm(cfg, hyper.seed)
+    def fresh(cls, cfg: LMConfig, hyper: Hyper, device: torch.device | None = None) -> Trainer:
+        lm = new_lm(cfg, hyper.seed).to(device or "cpu")
         return cls(lm, hyper, optimizer(lm, hyper))
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm.llm_decoder.weight.device
 
     def train_step(self, examples: Sequence[Example]) -> float:
         lr = learning_rate(self.hyper, self.step)
@@ -565,7 +569,7 @@ class Trainer:
         if h.prior > 0 and layers:
             length = max(e.positions for e in examples)
             prior = Prior.of(examples, length, layers, h.prior_width)
-        with step_precision(h.bf16):
+        with step_precision(h.bf16, self.device):
             loss, n = loss_of(self.lm, examples, h.dropout, prior)
         self.last_prior = float(prior.loss.detach()) if prior else 0.0
         total = loss + h.prior * prior.loss if prior else loss
@@ -595,14 +599,18 @@ class Trainer:
         _save_atomic(state, path)
 
     @classmethod
-    def load(cls, path: Path, hyper: Hyper | None = None) -> Trainer:
-        """Resume from a checkpoint (its own hyper-parameters unless `hyper` is given)."""
+    def load(
+        cls, path: Path, hyper: Hyper | None = None, device: torch.device | None = None
+    ) -> Trainer:
+        """Resume from a checkpoint (its own hyper-parameters unless `hyper` is given), on
+        `device` (default the CPU) whatever device wrote it."""
         state = torch.load(path, map_location="cpu", weights_only=True)
         cfg = LMConfig(**state["config"])
         h = hyper or Hyper(**state["hyper"])
         lm = new_lm(cfg, h.seed)
         lm.load_state_dict(state["model"])
         lm.llm.model.lm_head.weight = lm.llm.model.model.embed_tokens.weight
+        lm.to(device or "cpu")  # before the optimizer, whose state follows its parameters
         opt = optimizer(lm, h)
         if "optimizer" in state:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(state["optimizer"])
@@ -676,6 +684,7 @@ def train(
     warm_start: Path | None = None,
     parent: np.ndarray | None = None,
     anneal: int | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (evaluations and saves included), or
     until step `max_steps` when given, continuing from DIR/lm/ckpt.pt if there is one;
@@ -684,7 +693,8 @@ def train(
     agree (`warm_started`; `parent`: the checkpoint's codes are another codebook's, and
     each of ours inherits its parent's rows, `inherit.py`). `anneal` steps end the
     training of a trained LM with a falling learning rate (`Hyper.anneal_steps`); the LM
-    before them is kept in `before_anneal_path`."""
+    before them is kept in `before_anneal_path`. `device`: where it trains (default the
+    CPU; `update.train_device`); checkpoints load anywhere."""
     wall0 = time.monotonic()
     torch.set_num_threads(threads)
     sizes = sizes or VOICE
@@ -696,10 +706,10 @@ def train(
         raise ValueError(f"{work}: no train utterance has speech tokens")
     ckpt = checkpoint_path(work)
     if ckpt.is_file():
-        tr = Trainer.load(ckpt, hyper)
+        tr = Trainer.load(ckpt, hyper, device)
         say(f"lm: resuming at step {tr.step} (epoch {tr.epoch})")
     else:
-        tr = Trainer.fresh(lm_config(sizes, tokenizer_dir(work)), hyper or Hyper())
+        tr = Trainer.fresh(lm_config(sizes, tokenizer_dir(work)), hyper or Hyper(), device)
         if warm_start is not None:
             kept = warm_started(tr.lm, warm_start, parent)
             say(f"lm: {kept} tensors from {warm_start}; the others start fresh")
@@ -809,6 +819,7 @@ def train(
         "train_ce": round(ce_train, 4),
         "heldout_ce": round(ce_held, 4),
         "text_vocab": tok.vocab_size,
+        "device": str(tr.device),
     }
     say(f"lm: {json.dumps(summary)}")
     return summary

@@ -231,12 +231,12 @@ def log_mel(wav: Tensor) -> Tensor:
         MEL_FFT,
         MEL_HOP,
         MEL_FFT,
-        window=_hann(MEL_FFT).to(x.dtype),
+        window=_hann(MEL_FFT).to(x),
         center=False,
         return_complex=True,
     )
     mag = torch.sqrt(spec.real**2 + spec.imag**2 + 1e-9)
-    mel = _mel_filters(x.dtype) @ mag
+    mel = _mel_filters(x.dtype).to(x.device) @ mag
     return torch.log(mel.clamp(min=1e-5)).transpose(1, 2)
 
 
@@ -248,7 +248,7 @@ def stft_loss(fake: Tensor, real: Tensor) -> tuple[Tensor, Tensor]:
     for n_fft, hop, win in RESOLUTIONS:
 
         def spec(x: Tensor, n_fft: int = n_fft, hop: int = hop, win: int = win) -> Tensor:
-            s = torch.stft(x, n_fft, hop, win, window=_hann(win).to(x.dtype), return_complex=True)
+            s = torch.stft(x, n_fft, hop, win, window=_hann(win).to(x), return_complex=True)
             return torch.sqrt(s.real**2 + s.imag**2 + 1e-10)
 
         f, r = spec(fake), spec(real)
@@ -267,6 +267,9 @@ class Batch:
     wav: Tensor  # [b, T * 480]
     f0: Tensor  # [b, T] the tracker's F0, Hz
     start: list[int]  # first frame of each segment in its utterance
+
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.mel.to(device), self.wav.to(device), self.f0.to(device), self.start)
 
 
 class Segments:
@@ -386,11 +389,13 @@ def train(
     threads: int | None = 1,
     max_steps: int | None = None,
     ids: Sequence[str] | None = None,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Train for about `budget_s` seconds of wall time (pitch tracking of utterances not
     yet in f0.npz included), continuing from DIR/vocoder/checkpoint.pt when there is one.
     `ids`: the utterances to train on (default: the train split). `max_steps`: stop at
-    this total step count too. Returns a summary of this run."""
+    this total step count too. `device`: where it trains (default the CPU;
+    `update.train_device`). Returns a summary of this run."""
     began = time.perf_counter()
     before = torch.get_num_threads()
     if threads:
@@ -410,6 +415,7 @@ def train(
             checkpoint_every_s,
             max_steps,
             ids,
+            device or torch.device("cpu"),
         )
     finally:
         torch.set_num_threads(before)
@@ -429,6 +435,7 @@ def _train(
     checkpoint_every_s: float,
     max_steps: int | None,
     ids: Sequence[str] | None,
+    device: torch.device,
 ) -> dict[str, Any]:
     out = vocoder_dir(work)
     out.mkdir(parents=True, exist_ok=True)
@@ -439,7 +446,7 @@ def _train(
             f"{out}/checkpoint.pt has hift_channels {ckpt['hift_channels']}, not {channels}: "
             "move it away to start over at another size"
         )
-    model = new_model({"hift_channels": channels}, seed)
+    model = new_model({"hift_channels": channels}, seed).to(device)  # before the optimizer
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=BETAS)
     step, seconds = 0, 0.0
     if ckpt is not None:
@@ -479,7 +486,7 @@ def _train(
         now = time.perf_counter()
         if now - began + 1.5 * step_s > budget_s:
             break
-        b = data.batch(step, batch)
+        b = data.batch(step, batch).to(device)
         parts = losses(model, b, "teacher" if step < teacher_f0_steps else "predicted")
         # (the first long run turned NaN at step 915: a batch of nearly silent segments,
         # spectral convergence 19.9)
@@ -519,6 +526,7 @@ def _train(
         if trained_s > 0
         else 0.0,
         "params": sum(p.numel() for p in model.parameters()),
+        "device": str(device),
         "first": curve[0] if curve else None,
         "last": curve[-1] if curve else None,
     }
@@ -567,16 +575,18 @@ def heldout_check(work: Path, n: int = 2, wer: bool = True) -> list[dict[str, An
     return report
 
 
-def run(work: Path, budget_s: float, check: int = 2) -> Iterator[str]:
-    """The stage: train for the budget, then vocode `check` held-out utterances; yields
-    report lines."""
-    r = train(work, budget_s)
+def run(
+    work: Path, budget_s: float, check: int = 2, device: torch.device | None = None
+) -> Iterator[str]:
+    """The stage: train for the budget on `device`, then vocode `check` held-out
+    utterances (on the CPU); yields report lines."""
+    r = train(work, budget_s, device=device)
     last = r["last"] or {}
     losses = ", ".join(
         f"{k} {last[k]:.4g}" for k in ("loss", "mel", "sc", "mag", "f0") if k in last
     )
     yield (
-        f"vocoder: step {r['step']} (+{r['steps']} in {r['wall_s']} s), "
+        f"vocoder: step {r['step']} (+{r['steps']} in {r['wall_s']} s on {r['device']}), "
         f"{r['audio_s_per_s']} s of audio per s; {losses}; {vocoder_dir(work)}"
     )
     for row in heldout_check(work, check) if check else []:
