@@ -31,6 +31,7 @@ from voiceagent.train import corpus, lm_train
 from voiceagent.train.corpus import Sentence
 from voiceagent.train.lm_train import IGNORE, Example, Hyper, Prior, Trainer
 from voiceagent.train.sizes import voice_yaml
+from voiceagent.train.update import ANNEAL_FLOOR
 
 SMALL = SIZES["small"]
 TRAIN = [
@@ -280,7 +281,7 @@ def test_an_anneal_ends_training_on_a_falling_rate_and_keeps_the_lm_before_it(wo
     rates = [lm_train.learning_rate(h, step) for step in range(4, 12)]
     assert rates[0] == h.lr
     assert all(a > b for a, b in itertools.pairwise(rates[:7]))
-    assert rates[6] == rates[7] == pytest.approx(h.lr * lm_train.ANNEAL_FLOOR)
+    assert rates[6] == rates[7] == pytest.approx(h.lr * ANNEAL_FLOOR)
 
     assert train(max_steps=12) == 12  # training on after it: at the full rate again
     assert Trainer.load(lm_train.checkpoint_path(work)).hyper.anneal_steps == 0

@@ -9,6 +9,7 @@ loader reads and streams like the released one.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -279,3 +280,33 @@ def test_the_vocoder_trains_on_the_device_asked_for_as_it_does_on_the_cpu(
     for key, weight in weights[0].items():
         assert weights[1][key].device.type == "cpu"
         torch.testing.assert_close(weights[1][key], weight, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_an_anneal_ends_training_on_a_falling_rate_and_keeps_the_vocoder_before_it(
+    work: Path,
+) -> None:
+    kw = dict(sizes=SMALL, batch=2, segment=16, log_every=1)
+    with pytest.raises(ValueError, match="nothing to anneal"):
+        vt.train(work, 600, anneal=4, **kw)  # type: ignore[arg-type]
+    vt.train(work, 600, max_steps=3, **kw)  # type: ignore[arg-type]
+    before = vt.load_checkpoint(work)
+    rates: list[float] = []
+    real_update = vt.update
+
+    def seen(opt: torch.optim.Optimizer, *args: object) -> float | None:
+        rates.append(opt.param_groups[0]["lr"])
+        return real_update(opt, *args)  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(vt, "update", seen)
+        assert vt.train(work, 600, anneal=5, max_steps=5, **kw)["step"] == 5  # type: ignore[arg-type]
+        assert vt.train(work, 600, **kw)["step"] == 8  # type: ignore[arg-type]  # finished, stopped
+        assert vt.train(work, 600, max_steps=10, **kw)["step"] == 10  # type: ignore[arg-type]
+    kept = torch.load(vt.before_anneal_path(work), weights_only=True)
+    assert kept["step"] == 3
+    assert all(torch.equal(v, kept["model"][k]) for k, v in before["model"].items())  # type: ignore[index]
+    assert rates[0] == vt.LR  # steps 3..7 anneal, then 8 and 9 at the full rate
+    assert all(a > b for a, b in itertools.pairwise(rates[:5]))
+    assert rates[4] == pytest.approx(vt.LR * (1 - 0.95 * 4 / 5))
+    assert rates[5:] == [vt.LR, vt.LR]
+    assert vt.load_checkpoint(work)["anneal_steps"] == 0  # type: ignore[index]

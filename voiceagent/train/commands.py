@@ -216,13 +216,10 @@ def _lm_flags(p: argparse.ArgumentParser) -> None:
         "embedding when the tokenizers differ)",
     )
     _warm_codes_flag(p)
-    p.add_argument(
-        "--anneal",
-        type=int,
-        metavar="STEPS",
-        help="end the training with STEPS steps whose learning rate falls linearly to "
-        "a twentieth (the LM before them stays in lm/ckpt-before-anneal.pt); about 300 "
-        "steps cut the held-out loss of the eighth run's LM by 0.16",
+    _anneal_flag(
+        p,
+        "the LM before them stays in lm/ckpt-before-anneal.pt; about 300 steps cut the "
+        "held-out loss of the eighth run's LM by 0.16",
     )
 
 
@@ -307,6 +304,21 @@ def _vocoder_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", type=int, default=2, help="held-out utterances to vocode after")
 
 
+def _vocoder_stage_flags(p: argparse.ArgumentParser) -> None:
+    _vocoder_flags(p)
+    _anneal_flag(p, "the vocoder before them stays in vocoder/checkpoint-before-anneal.pt")
+
+
+def _anneal_flag(p: argparse.ArgumentParser, note: str) -> None:
+    p.add_argument(
+        "--anneal",
+        type=int,
+        metavar="STEPS",
+        help=f"end the training with STEPS steps whose learning rate falls linearly to "
+        f"a twentieth ({note})",
+    )
+
+
 def _vocoder(work: Path, args: argparse.Namespace) -> int:
     if (device := _device(args)) is None:
         return 2
@@ -316,7 +328,8 @@ def _vocoder(work: Path, args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     budget_s, check = 60 * args.budget_min, getattr(args, "check", 2)
-    for line in vocoder_train.run(work, budget_s, check, device):
+    anneal = getattr(args, "anneal", None)
+    for line in vocoder_train.run(work, budget_s, check, device, anneal):
         print(line, flush=True)
     return 0
 
@@ -456,7 +469,7 @@ STAGES = [
     Stage(
         "vocoder",
         "train the HiFT vocoder (mel -> 24 kHz) on the teacher's speech; resumes",
-        _vocoder_flags,
+        _vocoder_stage_flags,
         _vocoder,
     ),
     Stage(

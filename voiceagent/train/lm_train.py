@@ -75,7 +75,7 @@ from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, inherit, tokens
 from .sizes import RAS_TAU, TEMPERATURE, TOP_K, VOICE
-from .update import step_precision, update
+from .update import anneal_factor, step_precision, update
 
 IGNORE = -100
 MERGES = 400  # BPE merges learned from the train text (see `write_tokenizer`)
@@ -484,7 +484,7 @@ class Hyper:
     warmup: int = 100  # steps of linear warm-up
     decay_steps: int = 0  # 0: constant after warm-up; else cosine to lr / 10 by this step
     # An anneal (`train lm --anneal`): from step `anneal_from` the rate falls linearly to
-    # ANNEAL_FLOOR of itself over `anneal_steps` steps; 0: none.
+    # update.ANNEAL_FLOOR of itself over `anneal_steps` steps; 0: none.
     anneal_from: int = 0
     anneal_steps: int = 0
     weight_decay: float = 0.1  # on matrices only (not norms, biases, embeddings)
@@ -503,18 +503,12 @@ class Hyper:
     eval_train: int = 100  # train utterances whose cross-entropy is logged with held-out's
 
 
-ANNEAL_FLOOR = 0.05
-
-
 def learning_rate(h: Hyper, step: int) -> float:
     lr = h.lr * min(1.0, (step + 1) / max(h.warmup, 1))
     if h.decay_steps:
         frac = min(1.0, step / h.decay_steps)
         lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
-    if h.anneal_steps:
-        frac = min(1.0, max(0.0, (step - h.anneal_from) / h.anneal_steps))
-        lr *= 1.0 - (1.0 - ANNEAL_FLOOR) * frac
-    return lr
+    return lr * anneal_factor(step, h.anneal_from, h.anneal_steps)
 
 
 def annealing(h: Hyper, step: int) -> bool:

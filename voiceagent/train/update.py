@@ -28,6 +28,19 @@ def update(
     return norm
 
 
+ANNEAL_FLOOR = 0.05  # an anneal's last rate, as a share of the full one
+
+
+def anneal_factor(step: int, start: int, steps: int) -> float:
+    """The learning rate's factor at `step` of an anneal (`train lm|vocoder --anneal`)
+    that begins at `start`: 1 before it, falling linearly to ANNEAL_FLOOR over `steps`
+    steps, then ANNEAL_FLOOR. No anneal (`steps` 0): 1."""
+    if steps <= 0:
+        return 1.0
+    frac = min(1.0, max(0.0, (step - start) / steps))
+    return 1.0 - (1.0 - ANNEAL_FLOOR) * frac
+
+
 DEVICES = ("auto", "cpu", "cuda")
 
 

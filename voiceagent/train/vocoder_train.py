@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from ..audio.features import MEL_BINS, MEL_FFT, MEL_FMAX, MEL_HOP, MEL_RATE, sla
 from ..model.cosyvoice2.hift import HiFT, HiFTConfig, released_state_dict
 from . import feats
 from .sizes import VOICE
-from .update import update
+from .update import anneal_factor, update
 
 RATE = MEL_RATE  # 24 kHz
 HOP = MEL_HOP  # samples per mel frame
@@ -346,6 +347,15 @@ def load_checkpoint(work: Path) -> dict[str, Any] | None:
     return dict(torch.load(path, map_location="cpu", weights_only=True))
 
 
+def before_anneal_path(work: Path) -> Path:
+    """The checkpoint an anneal started from: to train on at the full rate instead."""
+    return vocoder_dir(work) / "checkpoint-before-anneal.pt"
+
+
+def _anneal_of(ckpt: dict[str, Any]) -> tuple[int, int]:
+    return int(ckpt.get("anneal_from", 0)), int(ckpt.get("anneal_steps", 0))
+
+
 def trained_model(work: Path) -> HiFT:
     """The vocoder of the last checkpoint (eval mode)."""
     ckpt = load_checkpoint(work)
@@ -390,12 +400,17 @@ def train(
     max_steps: int | None = None,
     ids: Sequence[str] | None = None,
     device: torch.device | None = None,
+    anneal: int | None = None,
 ) -> dict[str, Any]:
     """Train for about `budget_s` seconds of wall time (pitch tracking of utterances not
     yet in f0.npz included), continuing from DIR/vocoder/checkpoint.pt when there is one.
     `ids`: the utterances to train on (default: the train split). `max_steps`: stop at
     this total step count too. `device`: where it trains (default the CPU;
-    `update.train_device`). Returns a summary of this run."""
+    `update.train_device`). `anneal` steps end the training of a trained vocoder with a
+    learning rate falling linearly to a twentieth (`update.anneal_factor`; the
+    checkpoint before them is kept in `before_anneal_path`); a resumed run finishes an
+    anneal and stops at its end, a plain run after it trains on at the full rate.
+    Returns a summary of this run."""
     began = time.perf_counter()
     before = torch.get_num_threads()
     if threads:
@@ -416,6 +431,7 @@ def train(
             max_steps,
             ids,
             device or torch.device("cpu"),
+            anneal,
         )
     finally:
         torch.set_num_threads(before)
@@ -436,6 +452,7 @@ def _train(
     max_steps: int | None,
     ids: Sequence[str] | None,
     device: torch.device,
+    anneal: int | None,
 ) -> dict[str, Any]:
     out = vocoder_dir(work)
     out.mkdir(parents=True, exist_ok=True)
@@ -454,8 +471,18 @@ def _train(
         if "optimizer" in ckpt:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(ckpt["optimizer"])
         step, seconds = int(ckpt["step"]), float(ckpt["seconds"])
-    for group in opt.param_groups:
-        group["lr"] = lr
+    # (start, steps) of an anneal: the rate falls from `start` on, and the run ends
+    anneal_from, anneal_steps = (0, 0) if ckpt is None else _anneal_of(ckpt)
+    if anneal:
+        if ckpt is None:
+            raise ValueError(f"{out}: nothing to anneal: train the vocoder first")
+        shutil.copyfile(out / "checkpoint.pt", before_anneal_path(work))
+        anneal_from, anneal_steps = step, anneal
+    elif anneal_steps and step >= anneal_from + anneal_steps:
+        anneal_from, anneal_steps = 0, 0  # training on after an anneal: the full rate
+    if anneal_steps:
+        end = anneal_from + anneal_steps
+        max_steps = end if max_steps is None else min(max_steps, end)
     model.train()
     if ids is None:
         ids = [u.id for u in feats.utterances(work) if u.split == "train"]
@@ -472,6 +499,8 @@ def _train(
                 "step": step,
                 "seconds": seconds,
                 "hift_channels": channels,
+                "anneal_from": anneal_from,
+                "anneal_steps": anneal_steps,
             },
         )
 
@@ -487,6 +516,8 @@ def _train(
         if now - began + 1.5 * step_s > budget_s:
             break
         b = data.batch(step, batch).to(device)
+        for group in opt.param_groups:
+            group["lr"] = lr * anneal_factor(step, anneal_from, anneal_steps)
         parts = losses(model, b, "teacher" if step < teacher_f0_steps else "predicted")
         # (the first long run turned NaN at step 915: a batch of nearly silent segments,
         # spectral convergence 19.9)
@@ -576,11 +607,15 @@ def heldout_check(work: Path, n: int = 2, wer: bool = True) -> list[dict[str, An
 
 
 def run(
-    work: Path, budget_s: float, check: int = 2, device: torch.device | None = None
+    work: Path,
+    budget_s: float,
+    check: int = 2,
+    device: torch.device | None = None,
+    anneal: int | None = None,
 ) -> Iterator[str]:
-    """The stage: train for the budget on `device`, then vocode `check` held-out
-    utterances (on the CPU); yields report lines."""
-    r = train(work, budget_s, device=device)
+    """The stage: train for the budget on `device` (`anneal`: see `train`), then vocode
+    `check` held-out utterances (on the CPU); yields report lines."""
+    r = train(work, budget_s, device=device, anneal=anneal)
     last = r["last"] or {}
     losses = ", ".join(
         f"{k} {last[k]:.4g}" for k in ("loss", "mel", "sc", "mag", "f0") if k in last
