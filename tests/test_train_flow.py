@@ -282,3 +282,35 @@ def test_the_flow_trains_on_the_device_asked_for_as_it_does_on_the_cpu(
     for key, weight in states[0].items():
         torch.testing.assert_close(states[1][key], weight, rtol=1e-4, atol=1e-5, msg=key)
     assert runs[0]["heldout_last"] == pytest.approx(runs[1]["heldout_last"], rel=1e-3)
+
+
+def test_an_anneal_ends_training_on_a_falling_rate_and_keeps_the_flow_before_it(
+    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = tmp_path / "w"
+    shutil.copytree(work, w)
+    params = Params(warmup=1)
+    quiet = dict(say=lambda _: None)
+    with pytest.raises(ValueError, match="nothing to anneal"):
+        flow_train.train(w, 60, sizes=SMALL, params=params, anneal=4, **quiet)  # type: ignore[arg-type]
+    flow_train.train(w, 60, sizes=SMALL, params=params, steps=2, **quiet)  # type: ignore[arg-type]
+    before = flow_train.load_checkpoint(w)
+    rates: list[float] = []
+    real_update = flow_train.update
+
+    def seen(opt: torch.optim.Optimizer, *args: object) -> float | None:
+        rates.append(opt.param_groups[0]["lr"])
+        return real_update(opt, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(flow_train, "update", seen)
+    assert flow_train.train(w, 60, anneal=4, steps=2, **quiet)["step"] == 4  # type: ignore[arg-type]
+    assert flow_train.train(w, 60, **quiet)["step"] == 6  # type: ignore[arg-type]  # its end
+    assert flow_train.train(w, 60, steps=1, **quiet)["step"] == 7  # type: ignore[arg-type]
+    kept = torch.load(flow_train.before_anneal_path(w), weights_only=True)
+    assert kept["step"] == 2
+    assert all(torch.equal(v, kept["model"][k]) for k, v in before["model"].items())  # type: ignore[index]
+    lr = params.lr
+    assert rates == pytest.approx(
+        [lr, lr * (1 - 0.95 / 4), lr * (1 - 0.95 / 2), lr * (1 - 0.95 * 3 / 4), lr]
+    )
+    assert flow_train.load_checkpoint(w)["params"]["anneal_steps"] == 0  # type: ignore[index]

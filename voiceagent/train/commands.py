@@ -274,6 +274,7 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
 
 def _flow_flags(p: argparse.ArgumentParser) -> None:
     _training_flags(p)
+    _anneal_flag(p, "the flow before them stays in flow/checkpoint-before-anneal.pt")
     p.add_argument(
         "--warm-start",
         type=Path,
@@ -293,7 +294,12 @@ def _flow(work: Path, args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     summary = flow_train.train(
-        work, 60 * args.budget_min, warm_start=warm[0], parent=warm[1], device=device
+        work,
+        60 * args.budget_min,
+        warm_start=warm[0],
+        parent=warm[1],
+        device=device,
+        anneal=getattr(args, "anneal", None),
     )
     print(f"flow: {summary}")
     return 0

@@ -40,7 +40,7 @@ import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ from ..model.cosyvoice2.loader import flow_config
 from ..model.cosyvoice2.yaml_config import read_yaml
 from . import feats, inherit, tokens
 from .sizes import VOICE, voice_yaml
-from .update import step_precision, update
+from .update import anneal_factor, anneal_span, anneal_stop, step_precision, update
 
 # The keys of `sizes.VOICE` that size the flow.
 FLOW_KEYS = (
@@ -80,6 +80,10 @@ class Params:
     max_tokens: int = 300  # longer utterances are cut to a random window of this many
     lr: float = 1e-3
     warmup: int = 50  # steps of linear learning-rate warm-up
+    # An anneal (`train flow --anneal`): from step `anneal_from` the rate falls linearly to
+    # update.ANNEAL_FLOOR of itself over `anneal_steps` steps; 0: none.
+    anneal_from: int = 0
+    anneal_steps: int = 0
     grad_clip: float = 5.0
     cfg_drop: float = 0.2
     prompt_rate: float = 0.5
@@ -270,6 +274,11 @@ def _log(path: Path, rows: list[str]) -> None:
         f.writelines(rows)
 
 
+def before_anneal_path(work: Path) -> Path:
+    """The checkpoint an anneal started from: to train on at the full rate instead."""
+    return flow_dir(work) / "checkpoint-before-anneal.pt"
+
+
 def load_checkpoint(work: Path) -> dict[str, Any] | None:
     path = flow_dir(work) / CHECKPOINT
     return torch.load(path, map_location="cpu", weights_only=True) if path.is_file() else None
@@ -290,6 +299,7 @@ def train(
     warm_start: Path | None = None,
     parent: np.ndarray | None = None,
     device: torch.device | None = None,
+    anneal: int | None = None,
 ) -> dict[str, Any]:
     """Train for `budget_s` seconds of wall time (or `steps` steps, whichever ends
     first), continuing from DIR/flow/checkpoint.pt if there is one; returns a summary.
@@ -300,7 +310,9 @@ def train(
     sizes: the flow's sizes (keys of `sizes.VOICE`; default the voice's); a checkpoint
     keeps its own and refuses others. params: default `Params()`; a checkpoint keeps its
     own. device: where it trains (default the CPU; `update.train_device`); batches are
-    drawn on the CPU and moved there.
+    drawn on the CPU and moved there. anneal: end a trained flow's training with this
+    many steps on a linearly falling rate (`update.anneal_span`; the flow before them
+    is kept in `before_anneal_path`).
     """
     begin = time.monotonic()
     out = flow_dir(work)
@@ -328,6 +340,12 @@ def train(
         state = warm["model"]
         flow.load_state_dict(state if parent is None else inherit.flow_state(state, parent))
         say(f"flow: starting from {warm_start} (step {warm['step']})")
+    annealed = anneal_span(
+        (p.anneal_from, p.anneal_steps), step, anneal, out / CHECKPOINT, before_anneal_path(work)
+    )
+    p = replace(p, anneal_from=annealed[0], anneal_steps=annealed[1])
+    if (stop := anneal_stop(annealed, None)) is not None:  # a resumed anneal ends where it ends
+        steps = stop - step if steps is None else min(steps, stop - step)
     speaker = speaker_vector(work)
     data, held = Data(work, "train"), Data(work, "heldout")
     n_params = sum(v.numel() for v in flow.parameters())
@@ -363,7 +381,8 @@ def train(
     while time.monotonic() - begin < budget_s and (steps is None or steps_done < steps):
         t0 = time.monotonic()
         batch = on(device, make_batch(data, step, p, speaker, flow.cfg))
-        lr = p.lr * min(1.0, (step + 1) / max(p.warmup, 1))
+        warm_up = min(1.0, (step + 1) / max(p.warmup, 1))
+        lr = p.lr * warm_up * anneal_factor(step, p.anneal_from, p.anneal_steps)
         for group in opt.param_groups:
             group["lr"] = lr
         with step_precision(p.bf16, device):

@@ -75,7 +75,7 @@ from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, inherit, tokens
 from .sizes import RAS_TAU, TEMPERATURE, TOP_K, VOICE
-from .update import anneal_factor, step_precision, update
+from .update import anneal_factor, anneal_span, anneal_stop, step_precision, update
 
 IGNORE = -100
 MERGES = 400  # BPE merges learned from the train text (see `write_tokenizer`)
@@ -511,11 +511,6 @@ def learning_rate(h: Hyper, step: int) -> float:
     return lr * anneal_factor(step, h.anneal_from, h.anneal_steps)
 
 
-def annealing(h: Hyper, step: int) -> bool:
-    """Whether `step` is inside the anneal `h` holds (a resumed run finishes it)."""
-    return h.anneal_steps > 0 and step < h.anneal_from + h.anneal_steps
-
-
 def optimizer(lm: SpeechLM, h: Hyper) -> torch.optim.AdamW:
     decay = [p for n, p in lm.named_parameters() if p.dim() == 2 and "embed" not in n]
     rest = [p for n, p in lm.named_parameters() if not (p.dim() == 2 and "embed" not in n)]
@@ -707,22 +702,19 @@ def train(
         if warm_start is not None:
             kept = warm_started(tr.lm, warm_start, parent)
             say(f"lm: {kept} tensors from {warm_start}; the others start fresh")
+    annealed = anneal_span(
+        (tr.hyper.anneal_from, tr.hyper.anneal_steps),
+        tr.step,
+        anneal,
+        ckpt,
+        before_anneal_path(work),
+    )
+    tr.hyper = replace(tr.hyper, anneal_from=annealed[0], anneal_steps=annealed[1])
     if anneal:
-        if not ckpt.is_file():
-            raise ValueError(f"{work}: nothing to anneal: train the LM first")
-        shutil.copyfile(ckpt, before_anneal_path(work))
-        tr.hyper = replace(tr.hyper, anneal_from=tr.step, anneal_steps=anneal)
-        say(
-            f"lm: annealing over steps {tr.step}-{tr.step + anneal} "
-            f"(the LM before: {before_anneal_path(work)})"
-        )
-    elif tr.hyper.anneal_steps and not annealing(tr.hyper, tr.step):
-        # More training after an anneal (new speech, say) goes on at the full rate.
-        tr.hyper = replace(tr.hyper, anneal_from=0, anneal_steps=0)
+        before = before_anneal_path(work)
+        say(f"lm: annealing over steps {tr.step}-{sum(annealed)} (the LM before: {before})")
+    max_steps = anneal_stop(annealed, max_steps)
     h = tr.hyper
-    if annealing(h, tr.step):  # a resumed anneal stops where it ends
-        end = h.anneal_from + h.anneal_steps
-        max_steps = end if max_steps is None else min(max_steps, end)
     eval_train = random.Random(0).sample(train_set, min(h.eval_train, len(train_set)))
     log = out / "log.tsv"
 

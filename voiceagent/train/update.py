@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -39,6 +41,30 @@ def anneal_factor(step: int, start: int, steps: int) -> float:
         return 1.0
     frac = min(1.0, max(0.0, (step - start) / steps))
     return 1.0 - (1.0 - ANNEAL_FLOOR) * frac
+
+
+def anneal_span(
+    held: tuple[int, int], step: int, asked: int | None, checkpoint: Path, kept: Path
+) -> tuple[int, int]:
+    """(start, steps) of the anneal that a run from `step` trains under: `asked` steps
+    from here when asked (the checkpoint, the weights before it, is copied to `kept`
+    first); else the checkpoint's own anneal, `held`, while unfinished (a resumed run
+    finishes it); else none: training on after an anneal (more speech, say) goes at
+    the full rate."""
+    if asked:
+        if not checkpoint.is_file():
+            raise ValueError(f"{checkpoint.parent}: nothing to anneal: train it first")
+        shutil.copyfile(checkpoint, kept)
+        return step, asked
+    start, steps = held
+    return (start, steps) if steps and step < start + steps else (0, 0)
+
+
+def anneal_stop(span: tuple[int, int], max_steps: int | None) -> int | None:
+    """The step a run stops at: an anneal's end, or `max_steps` if that comes first."""
+    if not span[1]:
+        return max_steps
+    return sum(span) if max_steps is None else min(max_steps, sum(span))
 
 
 DEVICES = ("auto", "cpu", "cuda")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -54,7 +53,7 @@ from ..audio.features import MEL_BINS, MEL_FFT, MEL_FMAX, MEL_HOP, MEL_RATE, sla
 from ..model.cosyvoice2.hift import HiFT, HiFTConfig, released_state_dict
 from . import feats
 from .sizes import VOICE
-from .update import anneal_factor, update
+from .update import anneal_factor, anneal_span, anneal_stop, update
 
 RATE = MEL_RATE  # 24 kHz
 HOP = MEL_HOP  # samples per mel frame
@@ -471,18 +470,11 @@ def _train(
         if "optimizer" in ckpt:  # a seeded checkpoint has none (train/snapshot.py)
             opt.load_state_dict(ckpt["optimizer"])
         step, seconds = int(ckpt["step"]), float(ckpt["seconds"])
-    # (start, steps) of an anneal: the rate falls from `start` on, and the run ends
-    anneal_from, anneal_steps = (0, 0) if ckpt is None else _anneal_of(ckpt)
-    if anneal:
-        if ckpt is None:
-            raise ValueError(f"{out}: nothing to anneal: train the vocoder first")
-        shutil.copyfile(out / "checkpoint.pt", before_anneal_path(work))
-        anneal_from, anneal_steps = step, anneal
-    elif anneal_steps and step >= anneal_from + anneal_steps:
-        anneal_from, anneal_steps = 0, 0  # training on after an anneal: the full rate
-    if anneal_steps:
-        end = anneal_from + anneal_steps
-        max_steps = end if max_steps is None else min(max_steps, end)
+    held = (0, 0) if ckpt is None else _anneal_of(ckpt)
+    anneal_from, anneal_steps = anneal_span(
+        held, step, anneal, out / "checkpoint.pt", before_anneal_path(work)
+    )
+    max_steps = anneal_stop((anneal_from, anneal_steps), max_steps)
     model.train()
     if ids is None:
         ids = [u.id for u in feats.utterances(work) if u.split == "train"]
