@@ -42,6 +42,25 @@ def train_device() -> Any:
     return train_device(os.environ.get("VOICEAGENT_TRAIN_DEVICE", "auto"))
 
 
+@pytest.fixture
+def learning_rates(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], list[float]]:
+    """`watch(module)`: from now on, the learning rate of each optimizer update that a
+    training module (`voiceagent.train.*_train`) makes, in order."""
+
+    def watch(module: Any) -> list[float]:
+        rates: list[float] = []
+        real = module.update
+
+        def recorded(opt: Any, *args: Any) -> Any:
+            rates.append(opt.param_groups[0]["lr"])
+            return real(opt, *args)
+
+        monkeypatch.setattr(module, "update", recorded)
+        return rates
+
+    return watch
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny")

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -285,7 +287,7 @@ def test_the_flow_trains_on_the_device_asked_for_as_it_does_on_the_cpu(
 
 
 def test_an_anneal_ends_training_on_a_falling_rate_and_keeps_the_flow_before_it(
-    work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    work: Path, tmp_path: Path, learning_rates: Callable[[Any], list[float]]
 ) -> None:
     w = tmp_path / "w"
     shutil.copytree(work, w)
@@ -295,14 +297,7 @@ def test_an_anneal_ends_training_on_a_falling_rate_and_keeps_the_flow_before_it(
         flow_train.train(w, 60, sizes=SMALL, params=params, anneal=4, **quiet)  # type: ignore[arg-type]
     flow_train.train(w, 60, sizes=SMALL, params=params, steps=2, **quiet)  # type: ignore[arg-type]
     before = flow_train.load_checkpoint(w)
-    rates: list[float] = []
-    real_update = flow_train.update
-
-    def seen(opt: torch.optim.Optimizer, *args: object) -> float | None:
-        rates.append(opt.param_groups[0]["lr"])
-        return real_update(opt, *args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(flow_train, "update", seen)
+    rates = learning_rates(flow_train)
     assert flow_train.train(w, 60, anneal=4, steps=2, **quiet)["step"] == 4  # type: ignore[arg-type]
     assert flow_train.train(w, 60, **quiet)["step"] == 6  # type: ignore[arg-type]  # its end
     assert flow_train.train(w, 60, steps=1, **quiet)["step"] == 7  # type: ignore[arg-type]
