@@ -156,7 +156,9 @@ def test_opus_one_second_sine_frames_decode_to_a_440hz_sine() -> None:
 
     ref = sine(440, 48000, 1.0)
     assert decoded.size == ref.size
-    assert correlation(decoded[960:], ref[960:]) > 0.98
+    # Tuned for speech (VoIP), Opus keeps a tone's pitch and level, not its exact
+    # waveform: correlation 0.97 here, 0.99 with the general-audio tuning.
+    assert correlation(decoded[960:], ref[960:]) > 0.95
     assert abs(dominant_freq(decoded, 48000) - 440) <= 2
     assert snr_db(ref[960:], decoded[960:]) > 10
 
@@ -193,6 +195,11 @@ def test_opus_clips_out_of_range_input_instead_of_wrapping() -> None:
     # Clipping yields a near-square 440 Hz wave; int16 wrap-around would be noise.
     ref = np.clip(sine(440, 48000, 0.5, amp=3.0), -1, 1)
     assert correlation(y[960:], ref[960:]) > 0.95
+
+
+def test_opus_is_tuned_for_speech_as_webrtc_s_encoder_is() -> None:
+    # the VoIP application: the shipped voice is heard better through it (docs/training.md)
+    assert OpusEncoder()._enc.application == opuslib.APPLICATION_VOIP
 
 
 # --- PCM16 -------------------------------------------------------------------
@@ -419,8 +426,9 @@ def test_ogg_opus_file_plays_in_pyav(tmp_path: Path) -> None:
     assert abs(decoded.size / 48000 - 1.0) <= 0.025
     # pre-skip and end trim applied by the player leave exactly the input duration.
     assert decoded.size == 48000
-    # A wrong pre-skip would shift the sine by hundreds of samples and ruin this.
-    assert correlation(decoded[960:], sine(440, 48000, 1.0)[960:]) > 0.98
+    # A wrong pre-skip would shift the sine by hundreds of samples and ruin this (the
+    # speech tuning keeps 0.98 of an aligned tone; 10 samples off would leave 0.84).
+    assert correlation(decoded[960:], sine(440, 48000, 1.0)[960:]) > 0.95
 
 
 def test_ogg_pages_follow_rfc_7845() -> None:

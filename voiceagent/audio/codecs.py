@@ -52,7 +52,10 @@ class Encoder(ABC):
 
 class OpusEncoder(Encoder):
     """48 kHz mono Opus, one 20 ms frame (960 samples) per packet. Its lookahead is the
-    tail: the last packet is therefore partly padding (an Ogg end granule can trim it)."""
+    tail: the last packet is therefore partly padding (an Ogg end granule can trim it).
+    Tuned for speech (the VoIP application, as aiortc's WebRTC encoder is): over 100
+    held-out sentences x 6 seeds of the shipped voice at 32 kbit/s, pocketsphinx's WER
+    was 0.366 against 0.381 with the general-audio tuning (docs/training.md)."""
 
     codec = "opus"
     sample_rate = OPUS_RATE
@@ -62,7 +65,7 @@ class OpusEncoder(Encoder):
         if not lo <= bitrate <= hi:
             raise ValueError(f"opus bitrate must be in {lo}..{hi} bps, got {bitrate}")
         self.bitrate = bitrate
-        self._enc = opuslib.Encoder(OPUS_RATE, 1, opuslib.APPLICATION_AUDIO)
+        self._enc = opuslib.Encoder(OPUS_RATE, 1, opuslib.APPLICATION_VOIP)
         self._enc.bitrate = bitrate
 
     @property

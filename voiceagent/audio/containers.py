@@ -342,6 +342,7 @@ def make_stream_encoder(
             sample_format="flt",
             bitrate=bitrate or DEFAULT_OPUS_BITRATE,
             container_options={"page_duration": str(OGG_PAGE_DURATION_US)},
+            codec_options={"application": "voip"},  # speech, as `codecs.OpusEncoder`
         )
     return AvEncoder(
         fmt,
