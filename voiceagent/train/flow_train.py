@@ -245,10 +245,9 @@ def heldout_loss(flow: CosyFlow, data: Data, p: Params, speaker: Tensor) -> floa
     )
     total = frames = 0.0
     n = min(len(data), p.heldout_utts)
-    was = flow.training
+    was, device = flow.training, next(flow.parameters()).device
     flow.eval()
     for a in range(0, n, 8):
-        device = next(flow.parameters()).device
         batch = on(device, make_batch(data, a, fixed, speaker, flow.cfg, range(a, min(a + 8, n))))
         f = float(batch["lengths"].sum())
         total += float(flow.training_loss(**batch)) * f
