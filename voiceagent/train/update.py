@@ -34,7 +34,7 @@ ANNEAL_FLOOR = 0.05  # an anneal's last rate, as a share of the full one
 
 
 def anneal_factor(step: int, start: int, steps: int) -> float:
-    """The learning rate's factor at `step` of an anneal (`train lm|vocoder --anneal`)
+    """The learning rate's factor at `step` of an anneal (`train lm|flow|vocoder --anneal`)
     that begins at `start`: 1 before it, falling linearly to ANNEAL_FLOOR over `steps`
     steps, then ANNEAL_FLOOR. No anneal (`steps` 0): 1."""
     if steps <= 0:
