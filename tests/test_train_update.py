@@ -18,7 +18,7 @@ def test_auto_trains_on_cuda_where_torch_sees_it_and_on_the_cpu_elsewhere() -> N
 
 def test_cuda_asked_for_is_cuda_or_an_error_never_a_quiet_cpu() -> None:
     if torch.cuda.is_available():
-        assert train_device("cuda").type == "cuda"
+        assert train_device("cuda") == torch.zeros(1, device="cuda").device  # cuda:N
     else:
         with pytest.raises(ValueError, match="no CUDA device"):
             train_device("cuda")

@@ -82,6 +82,8 @@ def train_device(name: str = "auto") -> torch.device:
         raise ValueError(f"--device {name}: torch sees no CUDA device here (a CPU-only build?)")
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device must be one of {', '.join(DEVICES)}, not {name!r}")
+    if device.type == "cuda" and device.index is None:  # named as its tensors name it
+        device = torch.device("cuda", torch.cuda.current_device())
     return device
 
 
