@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -166,24 +167,40 @@ def test_sglang_decodes_a_voice_without_transcript_as_the_embedded_engine(sglang
 
 
 @needs_sglang
-def test_eight_sessions_stream_through_sglang_and_report_cached_tokens(sglang, tiny_model):
+def test_eight_sessions_stream_through_sglang_and_report_cached_tokens(sglang, tiny_model, caplog):
     server, export = sglang
     config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
     voices = ["agent", "narrator", "supervisor"]
-    with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, server.url, export)) as vs:
+    lm = SGLangLM(tiny_model, server.url, export)
+    caplog.set_level(logging.DEBUG, logger="voiceagent")
+    progress: dict[int, str] = {}  # where each session is, for a failure's message
+    with BackgroundServer(tiny_model, config, lm) as vs:
 
         async def session(i: int):
             async with connect(vs.url) as ws:
                 c = Client(ws)
                 await c.start(voice=voices[i % 3], sampling={"seed": i})
-                first = await c.speak(f"Caller {i} is on the line.")
-                again = await c.speak(f"Caller {i} is on the line.")
+                try:
+                    progress[i] = f"first turn from {time.monotonic():.1f}"
+                    first = await c.speak(f"Caller {i} is on the line.")
+                    progress[i] = f"second turn from {time.monotonic():.1f}"
+                    again = await c.speak(f"Caller {i} is on the line.")
+                except TimeoutError:
+                    progress[i] += f", SGLang requests open then: {sorted(lm._active)}"
+                    raise
+                progress[i] = "done"
                 return first, again
 
         async def together():
             return await asyncio.gather(*(session(i) for i in range(8)))
 
-        results = run(together())
+        try:
+            results = run(together())
+        except TimeoutError as exc:
+            raise AssertionError(
+                f"a turn stalled at {time.monotonic():.1f}: {progress}\n"
+                f"SGLang log:\n{server.log.read_text()[-8000:]}"
+            ) from exc
     for first, again in results:
         assert first.frames and first.event("turn.done")["timings"]["tokens"] > 0
         # The repeated voice prompt is a shared prefix: SGLang reports it cached.

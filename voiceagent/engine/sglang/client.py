@@ -201,8 +201,13 @@ class SGLangLM:
             stream.feed(EngineError(f"SGLang request failed: {exc}"))
         finally:
             self._active.discard(rid)
+            took = time.monotonic() - t0
             if finished:
-                m.sglang_latency.labels("total").observe(time.monotonic() - t0)
+                m.sglang_latency.labels("total").observe(took)
+            log.debug(
+                "SGLang request %s: %d tokens in %.2f s%s",
+                rid, len(produced), took, "" if finished else " (did not finish)",
+            )  # fmt: skip
 
     async def _stream(self, body: dict[str, Any]) -> AsyncIterator[tuple[list[int], int]]:
         """New token ids of a streamed /generate, whether the server streams cumulative
