@@ -51,3 +51,13 @@ def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
     again = json.loads((voice / "TRAINED").read_text())["steps"]
     assert again["lm"] == first["lm"], (first, again)
     assert again["flow"] > first["flow"] and again["vocoder"] > first["vocoder"], (first, again)
+
+    # Step targets instead of minutes: each part trains up to its own step, or up to
+    # --until-step, with no time limit; a part already there trains no more.
+    stepped = [a for a in command if a not in ("--budget-min", "0.15")]
+    stepped += ["--until-step", str(again["flow"]), "--lm-until-step", str(again["lm"] + 2)]
+    stepped += ["--vocoder-until-step", str(again["vocoder"] + 1)]
+    assert main(stepped) == 0
+    capsys.readouterr()
+    last = json.loads((voice / "TRAINED").read_text())["steps"]
+    assert last == {"lm": again["lm"] + 2, "flow": again["flow"], "vocoder": again["vocoder"] + 1}

@@ -199,6 +199,16 @@ def test_voiceagent_train_flow_trains_for_its_budget(work: Path, tmp_path: Path,
     assert "'step':" in capsys.readouterr().out
 
 
+def test_train_flow_until_step_trains_what_is_left_of_a_step_target(
+    work: Path, tmp_path: Path
+) -> None:
+    w = tmp_path / "w"
+    shutil.copytree(work, w)
+    for target, reached in ((2, 2), (3, 3), (3, 3), (1, 3)):  # no time limit: the step ends it
+        assert main(["train", "flow", "--out", str(w), "--until-step", str(target)]) == 0
+        assert flow_train.load_checkpoint(w)["step"] == reached
+
+
 def test_the_estimator_s_mish_has_f_mish_values_and_gradient() -> None:
     x = torch.linspace(-30, 30, 2001, dtype=torch.float64, requires_grad=True)
     ours = mish(x)

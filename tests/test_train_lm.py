@@ -331,6 +331,12 @@ def test_the_lm_stage_is_a_train_command_with_a_budget_in_minutes(work, capsys) 
     assert saved.lm.cfg.hidden == lm_train.VOICE["lm_hidden"]  # the voice's sizes by default
 
 
+def test_train_lm_until_step_trains_what_is_left_of_a_step_target(work) -> None:
+    for target, reached in ((2, 2), (3, 3), (3, 3)):  # no time limit: the step ends it
+        assert main(["train", "lm", "--out", str(work), "--until-step", str(target)]) == 0
+        assert Trainer.load(lm_train.checkpoint_path(work)).step == reached
+
+
 def test_the_export_takes_the_weights_with_the_lowest_held_out_loss(work) -> None:
     """2 hours of speech overfit the LM within a few epochs: the held-out best is kept
     beside the last checkpoint, and the export takes it."""

@@ -267,6 +267,13 @@ def test_the_vocoder_stage_trains_for_its_budget_and_reports(work: Path, capsys)
     assert (work / "vocoder" / "checkpoint.pt").is_file()
 
 
+def test_train_vocoder_until_step_trains_what_is_left_of_a_step_target(work: Path) -> None:
+    for target, reached in ((2, 2), (3, 3), (3, 3)):  # no time limit: the step ends it
+        argv = ["train", "vocoder", "--out", str(work), "--until-step", str(target)]
+        assert main([*argv, "--check", "0"]) == 0
+        assert vt.load_checkpoint(work)["step"] == reached
+
+
 def test_the_vocoder_trains_on_the_device_asked_for_as_it_does_on_the_cpu(
     tmp_path: Path, train_device: torch.device
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
@@ -178,8 +179,15 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--budget-min",
         type=float,
-        default=4.0,
-        help="minutes of training (resumes where it left off)",
+        help="minutes of training (resumes where it left off; default: 4, or no limit "
+        "with --until-step)",
+    )
+    p.add_argument(
+        "--until-step",
+        type=int,
+        metavar="N",
+        help="train up to step N of the part's whole training and stop: run again "
+        "(here or on another machine) and it trains only what is left",
     )
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument(
@@ -188,6 +196,14 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         help="where the LM, the flow and the vocoder train: auto (the first CUDA device "
         "when torch sees one, else the CPU), cpu, cuda or cuda:N",
     )
+
+
+def _budget_s(args: argparse.Namespace) -> float:
+    """Seconds of wall time this run may train: --budget-min, else none with a step
+    target (it ends the run), else four minutes."""
+    if args.budget_min is not None:
+        return 60 * float(args.budget_min)
+    return math.inf if getattr(args, "until_step", None) is not None else 240.0
 
 
 def _device(args: argparse.Namespace) -> torch.device | None:
@@ -262,8 +278,9 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
     phonemes = getattr(args, "text", "phonemes") == "phonemes"
     lm_train.train(
         work,
-        60 * args.budget_min,
+        _budget_s(args),
         threads=args.threads,
+        max_steps=args.until_step,
         lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
         lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
         warm_start=warm[0],
@@ -297,7 +314,8 @@ def _flow(work: Path, args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     summary = flow_train.train(
         work,
-        60 * args.budget_min,
+        _budget_s(args),
+        max_steps=args.until_step,
         warm_start=warm[0],
         parent=warm[1],
         device=device,
@@ -335,9 +353,8 @@ def _vocoder(work: Path, args: argparse.Namespace) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    budget_s, check = 60 * args.budget_min, getattr(args, "check", 2)
-    anneal = getattr(args, "anneal", None)
-    for line in vocoder_train.run(work, budget_s, check, device, anneal):
+    check, anneal = getattr(args, "check", 2), getattr(args, "anneal", None)
+    for line in vocoder_train.run(work, _budget_s(args), check, device, anneal, args.until_step):
         print(line, flush=True)
     return 0
 
@@ -420,6 +437,12 @@ def _all_flags(p: argparse.ArgumentParser) -> None:
             type=float,
             help=f"minutes of {part} training (default: --budget-min)",
         )
+        p.add_argument(
+            f"--{part}-until-step",
+            type=int,
+            metavar="N",
+            help=f"train the {part} up to its step N (default: --until-step)",
+        )
 
 
 def _all(work: Path, args: argparse.Namespace) -> int:
@@ -431,7 +454,9 @@ def _all(work: Path, args: argparse.Namespace) -> int:
     for stage in STAGES[: [s.name for s in STAGES].index("check") + 1]:
         own = getattr(args, f"{stage.name}_min", None)
         budget = args.budget_min if own is None else own
-        stage_args = argparse.Namespace(**{**vars(args), "budget_min": budget})
+        own_until = getattr(args, f"{stage.name}_until_step", None)
+        until = args.until_step if own_until is None else own_until
+        stage_args = argparse.Namespace(**{**vars(args), "budget_min": budget, "until_step": until})
         if (code := _timed(stage, work, stage_args)) != 0:
             return code
     return 0
@@ -501,7 +526,8 @@ STAGES = [
     Stage(
         "all",
         "every stage in order, each skipped when done; each part trains its own budget "
-        "(--lm-min, --flow-min, --vocoder-min) or --budget-min",
+        "(--lm-min, --flow-min, --vocoder-min) or --budget-min, up to its own step "
+        "(--lm-until-step ...) or --until-step",
         _all_flags,
         _all,
     ),

@@ -295,13 +295,15 @@ def train(
     params: Params | None = None,
     steps: int | None = None,
     say: Callable[[str], None] = print,
+    max_steps: int | None = None,
     warm_start: Path | None = None,
     parent: np.ndarray | None = None,
     device: torch.device | None = None,
     anneal: int | None = None,
 ) -> dict[str, Any]:
-    """Train for `budget_s` seconds of wall time (or `steps` steps, whichever ends
-    first), continuing from DIR/flow/checkpoint.pt if there is one; returns a summary.
+    """Train for `budget_s` seconds of wall time (or `steps` steps, or up to step
+    `max_steps` of the whole training, whichever ends first), continuing from
+    DIR/flow/checkpoint.pt if there is one; returns a summary.
     A new flow starts from another flow's checkpoint.pt, `warm_start`, and takes its
     sizes; `parent`: that flow's codes are another codebook's, and each of ours
     inherits its parent's embedding (`inherit.py`).
@@ -343,8 +345,10 @@ def train(
         (p.anneal_from, p.anneal_steps), step, anneal, out / CHECKPOINT, before_anneal_path(work)
     )
     p = replace(p, anneal_from=annealed[0], anneal_steps=annealed[1])
-    if (stop := anneal_stop(annealed, None)) is not None:  # a resumed anneal ends where it ends
-        steps = stop - step if steps is None else min(steps, stop - step)
+    # (a resumed anneal ends where it ends)
+    if (stop := anneal_stop(annealed, max_steps)) is not None:
+        left = max(0, stop - step)
+        steps = left if steps is None else min(steps, left)
     speaker = speaker_vector(work)
     data, held = Data(work, "train"), Data(work, "heldout")
     n_params = sum(v.numel() for v in flow.parameters())

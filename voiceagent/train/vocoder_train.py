@@ -604,10 +604,12 @@ def run(
     check: int = 2,
     device: torch.device | None = None,
     anneal: int | None = None,
+    max_steps: int | None = None,
 ) -> Iterator[str]:
-    """The stage: train for the budget on `device` (`anneal`: see `train`), then vocode
-    `check` held-out utterances (on the CPU); yields report lines."""
-    r = train(work, budget_s, device=device, anneal=anneal)
+    """The stage: train for the budget, or up to step `max_steps`, on `device`
+    (`anneal`: see `train`), then vocode `check` held-out utterances (on the CPU);
+    yields report lines."""
+    r = train(work, budget_s, device=device, anneal=anneal, max_steps=max_steps)
     last = r["last"] or {}
     losses = ", ".join(
         f"{k} {last[k]:.4g}" for k in ("loss", "mel", "sc", "mag", "f0") if k in last
