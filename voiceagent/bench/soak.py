@@ -148,8 +148,10 @@ async def ws_user(url: str, index: int, deadline: float, opts: Options, p: Progr
     silence = bytes(16000 // 50 * 2 * 10)  # 200 ms of PCM16 at 16 kHz
     mic = silence + (np.clip(vowel(1.0, 16000), -1, 1) * 32767).astype("<i2").tobytes()
     turn = index
+    step = "connect"  # what the user waited for last: named in an error
     while time.monotonic() < deadline:
         try:
+            step = "connect"
             async with connect(url) as ws:
                 c = Client(ws)
                 await c.start(
@@ -166,6 +168,7 @@ async def ws_user(url: str, index: int, deadline: float, opts: Options, p: Progr
                     until = ("turn.done", "turn.cancelled")
                     await c.send({"type": "speak", "text": LONG_TEXT, "turn_id": f"t{turn}"})
                     if how:
+                        step = "first frame"
                         await until_first_frame(ws)
                         await asyncio.sleep(0.4)  # the listener has heard past the guard
                     if how == 1:
@@ -173,11 +176,12 @@ async def ws_user(url: str, index: int, deadline: float, opts: Options, p: Progr
                     elif how == 2:  # talk over the bot: 20 ms messages, sent at once
                         for i in range(0, len(mic), 640):
                             await ws.send(mic[i : i + 640])
+                    step = ("turn.done", "turn.done after cancel", "turn.done after barge-in")[how]
                     await c.turn(until=until, timeout=30)
                     p.turns += 1
                     await asyncio.sleep(0.2)
         except Exception as exc:
-            p.error("mixed websocket", exc)
+            p.error(f"mixed websocket ({step})", exc)
             await asyncio.sleep(1)
 
 
@@ -191,6 +195,7 @@ async def webrtc_user(base: str, index: int, deadline: float, p: Progress) -> No
             p.error("mixed webrtc open", exc)
             await asyncio.sleep(1)
             continue
+        step = "session.start"
         try:
             peer.send(
                 {
@@ -199,15 +204,18 @@ async def webrtc_user(base: str, index: int, deadline: float, p: Progress) -> No
                     "barge_in": {"mode": "cancel", "guard_ms": 300},
                 }
             )
+            step = "session.created"
             await peer.event(("session.created",), 20)
             peer.send({"type": "speak", "text": LONG_TEXT})
+            step = "turn.first_audio"
             await peer.event(("turn.first_audio",), 30)
             await asyncio.sleep(1.0)
             mic.play_now()
+            step = "turn end after barge-in"
             await peer.event(("turn.cancelled", "turn.done"), 15)
             p.turns += 1
         except Exception as exc:
-            p.error("mixed webrtc", exc)
+            p.error(f"mixed webrtc ({step})", exc)
         finally:
             await peer.close()
         await asyncio.sleep(0.3)
