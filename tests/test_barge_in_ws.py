@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 
+import httpx
 import numpy as np
 import pytest
 from conftest import run
@@ -65,7 +66,8 @@ def run_session(server, mic: bytes, mode: str):
 
 
 def test_speaking_over_the_bot_cancels_its_turn(make_server, tmp_path):
-    events, frames, cancelled_after = run_session(make_server(), speech_16k(tmp_path), "cancel")
+    server = make_server()
+    events, frames, cancelled_after = run_session(server, speech_16k(tmp_path), "cancel")
     kinds = [e["type"] for e in events]
     assert "speech_started" in kinds and "turn.cancelled" in kinds
     assert kinds.index("speech_started") < kinds.index("turn.cancelled")
@@ -73,6 +75,9 @@ def test_speaking_over_the_bot_cancels_its_turn(make_server, tmp_path):
     assert cancelled["reason"] == "barge_in" and cancelled["turn_id"] == "a"
     assert 300 <= cancelled["played_ms"] <= cancelled["sent_ms"] == 20 * frames
     assert cancelled_after is not None and cancelled_after < 1.0
+    # operators see it (What was seen: the counter stayed at zero through every barge-in)
+    page = httpx.get(f"{server.http}/metrics").text
+    assert 'voiceagent_barge_ins_total{transport="websocket"} 1.0' in page
 
 
 def test_with_barge_in_off_speech_is_reported_and_the_turn_plays_on(make_server, tmp_path):
@@ -129,3 +134,56 @@ def test_in_duck_mode_the_bot_gets_quieter_while_the_person_speaks(make_server, 
     before = mean_level(events[:ducked])
     during = mean_level([e for e in events[ducked:unducked] if e["type"] == "audio.levels"][1:])
     assert before - during == pytest.approx(0.2, abs=0.05)
+
+
+def talk_from_the_first_frame(server, mic: bytes) -> list[dict]:
+    """The person speaks (in real time) from the moment the bot's first frame arrives,
+    then is silent: the onset falls inside the 300 ms guard."""
+
+    async def go() -> list[dict]:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start(
+                format={"codec": "pcm16"},
+                input={"sample_rate": 16000},
+                barge_in={"mode": "cancel", "guard_ms": 300},
+            )
+            await c.send({"type": "speak", "text": "Here is a long answer. " * 8, "turn_id": "a"})
+            events: list[dict] = []
+
+            async def listen() -> None:
+                async for msg in ws:
+                    if isinstance(msg, str):
+                        events.append(json.loads(msg))
+
+            while not isinstance(await ws.recv(), bytes):
+                pass
+            listener = asyncio.get_running_loop().create_task(listen())
+            for i in range(0, len(mic), 640):
+                await ws.send(mic[i : i + 640])
+                await asyncio.sleep(0.02)
+            for _ in range(50):  # a second of silence
+                await ws.send(bytes(640))
+                await asyncio.sleep(0.02)
+            listener.cancel()
+            return events
+
+    return run(go())
+
+
+def test_speech_that_begins_inside_the_guard_and_goes_on_barges_in(make_server, tmp_path):
+    # What was seen: a person who spoke up as the bot began was never heard as a barge-in
+    # (the onset fell inside the guard, and no second onset came), so the bot talked on.
+    events = talk_from_the_first_frame(make_server(), speech_16k(tmp_path))
+    kinds = [e["type"] for e in events]
+    assert "speech_started" in kinds and "turn.cancelled" in kinds, kinds
+    assert kinds.index("speech_started") < kinds.index("turn.cancelled")
+    cancelled = next(e for e in events if e["type"] == "turn.cancelled")
+    assert cancelled["reason"] == "barge_in" and cancelled["played_ms"] >= 300
+
+
+def test_a_burst_inside_the_guard_alone_is_an_echo_and_the_turn_plays_on(make_server, tmp_path):
+    burst = speech_16k(tmp_path)[: 16000 * 2 * 200 // 1000]  # its first 200 ms
+    events = talk_from_the_first_frame(make_server(), burst)
+    kinds = [e["type"] for e in events]
+    assert "speech_started" in kinds and "turn.cancelled" not in kinds, kinds

@@ -1032,6 +1032,36 @@ def test_speech_onset_past_the_guard_cancels_the_live_turns() -> None:
     ]
 
 
+def test_speech_begun_inside_the_guard_barges_in_once_it_goes_on_past_it() -> None:
+    core = started({"barge_in": {"mode": "cancel", "guard_ms": 300}})
+    opened = assert_speaks(core)
+    core.audio(opened.num, "opus", b"x")
+    # The onset is held (it may be the echo of the turn's start) ...
+    assert events(core.speech("speech_started", 100, played_ms=120)) == [
+        {"type": "speech_started", "t_ms": 100}
+    ]
+    assert core.onset_held
+    # ... and the runner, having heard enough voiced audio past the guard, says so.
+    assert core.talked_over(600) == [CancelTurn(opened.num, sent_audio=True)]
+    assert not core.onset_held and core.talked_over(700) == []  # once
+
+
+def test_a_held_onset_that_stops_inside_the_guard_was_only_an_echo() -> None:
+    core = started({"barge_in": {"mode": "duck", "guard_ms": 300, "duck_gain": 0.2}})
+    opened = assert_speaks(core)
+    core.audio(opened.num, "opus", b"x")
+    core.speech("speech_started", 100, played_ms=120)
+    core.speech("speech_stopped", 250, played_ms=280)
+    assert not core.onset_held and core.talked_over(400) == []
+    # speech before any turn plays is held too; ducking past the guard happens once
+    core.speech("speech_started", 900, played_ms=None)
+    assert core.talked_over(1300) == [
+        SetGain(0.2),
+        SendEvent({"type": "audio.ducked", "t_ms": 1300, "gain": 0.2}),
+    ]
+    assert core.speech("speech_started", 1400, played_ms=500)[1:] == []  # already ducked
+
+
 def test_duck_lowers_the_output_while_the_person_speaks_and_restores_it_after() -> None:
     core = started({"barge_in": {"mode": "duck", "guard_ms": 300, "duck_gain": 0.2}})
     opened = assert_speaks(core)

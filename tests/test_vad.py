@@ -64,6 +64,9 @@ def test_onset_and_offset_of_real_speech(speech):
     assert end - 100 <= off_t <= end + 200
     assert off_fed >= off_t + 300
     assert off_fed <= off_t + 300 + 100
+    # The voiced audio it counts (barge-in past the guard needs it) is the speech's,
+    # less its pauses: none of the padding.
+    assert 0.6 * (end - start) <= vad.voiced_ms <= end - start + 100
 
 
 def test_hangover_and_min_speech_are_configurable(speech):

@@ -73,6 +73,7 @@ class VoiceActivity:
         self._window: deque[tuple[int, bool]] = deque(maxlen=math.ceil(window_ms / frame_ms))
         self._unvoiced_run = 0
         self.speaking = False
+        self.voiced_ms = 0  # voiced frames so far, in ms of audio
 
     @property
     def time_ms(self) -> int:
@@ -109,6 +110,7 @@ class VoiceActivity:
     def _step(self, voiced: bool) -> VadEvent | None:
         index = self._frames
         self._frames += 1
+        self.voiced_ms += self.frame_ms * voiced
         if not self.speaking:
             self._window.append((index, voiced))
             voiced_frames = [i for i, v in self._window if v]

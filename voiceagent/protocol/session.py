@@ -136,6 +136,7 @@ class SessionCore:
     _next_num: int = 1
     _open: int | None = None
     _ducked: bool = False
+    onset_held: bool = False  # the listener speaks, and the guard kept that from a barge-in
 
     @property
     def started(self) -> bool:
@@ -194,23 +195,41 @@ class SessionCore:
         `played_ms`: how much of the playing turn the listener has heard, or None when no
         turn is playing. A speech onset past the guard barges in: `cancel` stops the live
         turns (`turn.cancelled` with reason barge_in), `duck` lowers the output until the
-        speech stops."""
+        speech stops. An onset before it (or before any turn played) is held: see
+        `talked_over`."""
         actions: list[Action] = [SendEvent({"type": kind, "t_ms": t_ms})]
         bi = self.settings.barge_in if self.settings else None
         if bi is None:
             return actions
-        if kind == "speech_stopped" and self._ducked:
-            self._ducked = False
-            actions += [SetGain(1.0), SendEvent({"type": "audio.unducked", "t_ms": t_ms})]
-        if kind != "speech_started" or played_ms is None or played_ms < bi.guard_ms:
+        if kind == "speech_stopped":
+            self.onset_held = False
+            if self._ducked:
+                self._ducked = False
+                actions += [SetGain(1.0), SendEvent({"type": "audio.unducked", "t_ms": t_ms})]
             return actions
+        self.onset_held = played_ms is None or played_ms < bi.guard_ms
+        return actions if self.onset_held else actions + self._barge_in(t_ms)
+
+    def talked_over(self, t_ms: int) -> list[Action]:
+        """The listener's speech whose onset was held has gone on past the playing turn's
+        guard (the runner counts its voiced audio there): that is a person talking over
+        the bot, not the echo of its first syllables, so it barges in now."""
+        if not self.onset_held:
+            return []
+        self.onset_held = False
+        return self._barge_in(t_ms)
+
+    def _barge_in(self, t_ms: int) -> list[Action]:
+        bi = self.settings.barge_in if self.settings else None
+        if bi is None or bi.mode == "off":
+            return []
         if bi.mode == "cancel":
-            actions += self._cancel(None, reason="barge_in")
-        elif bi.mode == "duck" and not self._ducked:
-            self._ducked = True
-            event = {"type": "audio.ducked", "t_ms": t_ms, "gain": bi.duck_gain}
-            actions += [SetGain(bi.duck_gain), SendEvent(event)]
-        return actions
+            return self._cancel(None, reason="barge_in")
+        if self._ducked:
+            return []
+        self._ducked = True
+        event = {"type": "audio.ducked", "t_ms": t_ms, "gain": bi.duck_gain}
+        return [SetGain(bi.duck_gain), SendEvent(event)]
 
     def _start(self, changes: dict[str, Any]) -> list[Action]:
         if self.started:

@@ -52,6 +52,7 @@ class Listener:
     def __init__(self) -> None:
         self._vad: VoiceActivity | None = None
         self._key: tuple[int, ...] = ()
+        self._past_guard: tuple[int, int] | None = None  # (turn, voiced ms) at its guard
 
     def feed(self, pcm: np.ndarray, sample_rate: int, i: Input) -> Sequence[tuple[str, int]]:
         key = (sample_rate, i.vad_aggressiveness, i.min_speech_ms, i.hangover_ms)
@@ -64,6 +65,18 @@ class Listener:
                 hangover_ms=i.hangover_ms,
             )
         return self._vad.feed(pcm)
+
+    @property
+    def time_ms(self) -> int:
+        return 0 if self._vad is None else self._vad.time_ms
+
+    def voiced_past_guard(self, turn: int, heard_ms: int, guard_ms: int) -> int:
+        """Voiced audio heard since turn `turn` played past its guard (0 before that)."""
+        if heard_ms < guard_ms or self._vad is None:
+            return 0
+        if self._past_guard is None or self._past_guard[0] != turn:
+            self._past_guard = (turn, self._vad.voiced_ms)
+        return self._vad.voiced_ms - self._past_guard[1]
 
 
 class SessionRunner:
@@ -109,16 +122,24 @@ class SessionRunner:
         """Inbound audio from the listener's microphone: speech events and barge-in."""
         i = self.core.settings.input if self.core.settings else Input()
         actions: list[Action] = []
+        playing = self.playing_turn
         for kind, t_ms in self.listener.feed(pcm, sample_rate, i):
-            playing = self.playing_turn
             heard = None if playing is None else self.heard(playing).ms
-            reaction = self.core.speech(kind, t_ms, heard)
-            if any(
-                isinstance(a, CancelTurn | SetGain) and kind == "speech.started" for a in reaction
-            ):
-                self.metrics.barge_ins.labels(self.transport.name).inc()
-            actions += reaction
+            actions += self._count_barge_in(self.core.speech(kind, t_ms, heard))
+        if self.core.onset_held and playing is not None and self.core.settings:
+            # the guard held the onset back: speech that goes on past it is not an echo
+            guard = self.core.settings.barge_in.guard_ms
+            voiced = self.listener.voiced_past_guard(playing, self.heard(playing).ms, guard)
+            if voiced >= i.min_speech_ms:
+                actions += self._count_barge_in(self.core.talked_over(self.listener.time_ms))
         await self.execute(actions)
+
+    def _count_barge_in(self, reaction: list[Action]) -> list[Action]:
+        if any(
+            isinstance(a, CancelTurn) or (isinstance(a, SetGain) and a.gain < 1) for a in reaction
+        ):
+            self.metrics.barge_ins.labels(self.transport.name).inc()
+        return reaction
 
     async def listener_played(self, num: int, played_ms: int, stopped: bool = False) -> None:
         """A transport that learns playout on its own (telephony marks) reports it here."""
