@@ -8,6 +8,8 @@ feed, end or cancel. The session runner executes the actions through a transport
 The actions are in actions.py. Turn states: open (taking text) -> closed (text ended,
 still synthesizing or playing) -> finished (done, failed) or stopping (cancelled; waiting
 to learn how much the listener heard) -> cancelled. Turns play one after another.
+
+Over 500 lines: one state machine, whose transitions read best side by side.
 """
 
 from __future__ import annotations
