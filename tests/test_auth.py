@@ -202,6 +202,16 @@ def test_an_api_key_mints_a_token_and_a_token_cannot_mint_another(site):
     assert refusal(again.status_code, again.json()) == FORBIDDEN
 
 
+def test_a_bad_token_request_gets_a_code_and_is_not_read_past_its_limit(site):
+    url, key = site.http + "/v1/tokens", bearer(site.acme)
+    for body, code in (
+        (b"[" * 100_000 + b"]" * 100_000, "message_too_large"),  # over 4 kB: not read on
+        (b"[" * 2000 + b"]" * 2000, "invalid_json"),  # too deep for the parser
+    ):
+        r = httpx.post(url, headers=key, content=body)
+        assert (r.status_code, r.json()["code"]) == (400, code)
+
+
 def test_a_token_lives_no_longer_than_the_configured_cap(site):
     r = httpx.post(site.http + "/v1/tokens", headers=bearer(site.acme), json={"ttl_s": 10**9})
     assert r.json()["expires_at"] <= time.time() + 601

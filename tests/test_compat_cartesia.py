@@ -350,6 +350,7 @@ def test_bad_messages_get_coded_errors_and_the_socket_stays_up(server):
     good = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(), "transcript": SHORT}
     bad: list[tuple[str | bytes, str, str | None]] = [
         ("{not json", "invalid_json", None),
+        ("[" * 100_000 + "]" * 100_000, "invalid_json", None),  # seen: the socket died
         ("[1, 2]", "invalid_message", None),
         (json.dumps({**good, "context_id": ""}), "invalid_message", None),
         (b"\x00\x01", "unexpected_binary", None),
@@ -415,6 +416,8 @@ def test_bytes_refuses_bad_requests_with_an_http_status_and_a_code(server):
     good = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(), "transcript": SHORT}
     cases = [
         (b"{oops", 400, "invalid_json"),
+        (b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+        (json.dumps({**good, "transcript": "a" * (2 << 20)}).encode(), 413, "message_too_large"),
         (json.dumps({**good, "voice": "nobody"}).encode(), 400, "unknown_voice"),
         (json.dumps({**good, "transcript": "  "}).encode(), 400, "invalid_parameter"),
         (json.dumps({**good, "model_id": "eleven_v3"}).encode(), 400, "unknown_model"),

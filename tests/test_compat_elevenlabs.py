@@ -461,6 +461,8 @@ def test_keep_alives_and_stray_messages_make_no_audio(server: BackgroundServer) 
             # replies come in order: had anything above answered, it would come first
             first = await raw.next()
             assert first.get("error") == "invalid_json" and "contextId" not in first
+            await ws.send("[" * 100_000 + "]" * 100_000)  # seen: the socket died
+            assert (await raw.next()).get("error") == "invalid_json"
             assert "never-opened" not in raw.contexts and "k" not in raw.contexts
 
             await raw.send(context_id="k", close_context=True)  # nothing flushed: stop
@@ -640,8 +642,13 @@ def test_http_stream_and_errors(server: BackgroundServer) -> None:
         assert "".join(c for al in aligned for c in al["characters"]).split() == TEXT.split()
         end_s = aligned[-1]["character_end_times_seconds"][-1]  # seconds from the start
         assert abs(end_s * 1000 - len(audio) / 2 / 16) <= FRAME_MS
-        bad = http.post(url, params={"output_format": "pcm_16000"}, content=b"{nope")
-        assert (bad.status_code, bad.json()["detail"]["status"]) == (400, "invalid_json")
+        for body, status, code in (
+            (b"{nope", 400, "invalid_json"),
+            (b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+            (b'{"text": "' + b"a" * (2 << 20) + b'"}', 413, "message_too_large"),
+        ):
+            bad = http.post(url, params={"output_format": "pcm_16000"}, content=body)
+            assert (bad.status_code, bad.json()["detail"]["status"]) == (status, code)
         mp3 = http.post(url, json={"text": TEXT})  # ElevenLabs' default format: mp3_44100_128
         assert mp3.headers["content-type"] == "audio/mpeg"
         with av.open(io.BytesIO(mp3.content)) as f:

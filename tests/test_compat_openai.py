@@ -198,10 +198,21 @@ def test_bad_requests_get_openai_errors_with_stable_codes(server, fields, error,
     assert run(speech(server, "pcm", text="Still serving."))[1]  # and the server serves on
 
 
-def test_malformed_json_is_refused_with_a_code(server):
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        (b"{not json", 400, "invalid_json"),
+        # What was seen: a plain-text 500, which no client parses
+        (b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+        # What was seen: 150 MiB read and parsed whole (OpenAI's input is 4,096 characters)
+        (b'{"input": "' + b"a" * (2 << 20) + b'"}', 413, "message_too_large"),
+    ],
+    ids=["malformed", "nested-too-deep", "oversize"],
+)
+def test_a_bad_body_is_refused_with_a_code(server, body, status, code):
     url = f"{server.http}/v1/audio/speech"
-    r = httpx.post(url, content=b"{not json", headers={"content-type": "application/json"})
-    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(url, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status and r.json()["error"]["code"] == code
 
 
 def test_with_auth_on_the_sdk_key_is_the_bearer_credential(make_server, tmp_path):

@@ -4,7 +4,6 @@ capped by `auth.token_ttl_s`. The token names the key's tenant."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,6 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..protocol.errors import ErrorCode
+from ..protocol.json_text import parse_json
+from ..transport.http_body import BodyTooLarge, read_body
 from .gate import Gate, Principal, principal_of
 
 MAX_BODY_BYTES = 4096
@@ -31,11 +32,12 @@ async def mint_token(
 ) -> JSONResponse:
     """POST /v1/tokens: a session token for the caller's tenant (`voices_of`: what the
     caller may use, to check a voice scope)."""
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
+    try:
+        body = await read_body(request, MAX_BODY_BYTES)
+    except BodyTooLarge:
         return _error(ErrorCode.MESSAGE_TOO_LARGE, f"body larger than {MAX_BODY_BYTES} bytes")
     try:
-        asked: Any = json.loads(body) if body.strip() else {}
+        asked: Any = parse_json(body) if body.strip() else {}
     except ValueError:
         return _error(ErrorCode.INVALID_JSON, "body must be JSON: {voice?, ttl_s?}")
     if not isinstance(asked, dict):

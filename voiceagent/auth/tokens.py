@@ -12,6 +12,8 @@ import json
 import time
 from dataclasses import dataclass
 
+from ..protocol.json_text import parse_json
+
 PREFIX = "vt1."
 
 
@@ -54,7 +56,7 @@ def verify(secret: bytes, token: str, now: float | None = None) -> TokenClaims:
     if not hmac.compare_digest(mac, _mac(secret, payload)):
         raise BadToken("session token signature does not match")
     try:
-        claims = json.loads(_unb64(payload))
+        claims = parse_json(_unb64(payload))
         tenant, voice, exp = claims["tenant"], claims["voice"], claims["exp"]
     except (ValueError, KeyError, TypeError):
         raise BadToken("session token payload is malformed") from None

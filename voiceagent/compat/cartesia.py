@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from starlette.websockets import WebSocket
 
 from ..auth.gate import Principal, principal_of
 from ..protocol.errors import ErrorCode
+from ..protocol.json_text import parse_json
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
 from .cartesia_request import (
@@ -50,7 +50,7 @@ from .cartesia_request import (
     without_tags,
 )
 from .context_socket import ContextSocket, serve_context_socket
-from .utterance import ApiError, Utterance, streamed
+from .utterance import ApiError, Utterance, json_body, streamed
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,7 @@ class CartesiaApi:
         """The whole transcript in one request; the audio streams back as it is made,
         raw or in a WAV container."""
         try:
-            try:
-                body = json.loads(await request.body())
-            except ValueError:
-                raise ApiError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
+            body = await json_body(request)
             if not isinstance(body, dict):
                 raise ApiError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
             text = body.get("transcript")
@@ -172,7 +169,7 @@ class CartesiaSocket(ContextSocket):
 
     async def on_text(self, text: str) -> None:
         try:
-            msg = json.loads(text)
+            msg = parse_json(text)
         except ValueError:
             await self.send_error(None, ApiError(ErrorCode.INVALID_JSON, "not JSON"))
             return

@@ -35,6 +35,7 @@ from starlette.websockets import WebSocket
 from ..auth.gate import Principal, principal_of
 from ..model.sampling import SamplingParams
 from ..protocol.errors import CloseCode, ErrorCode
+from ..protocol.json_text import parse_json
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
 from .context_socket import ContextSocket, serve_context_socket
@@ -53,7 +54,7 @@ from .elevenlabs_wire import (
     seed_of,
     speed_of,
 )
-from .utterance import ApiError, SpeechOptions, Utterance, streamed
+from .utterance import ApiError, SpeechOptions, Utterance, json_body, streamed
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class ElevenLabsSocket(ContextSocket):
     async def on_text(self, text: str) -> None:
         self.heard = self.loop.time()
         try:
-            msg = json.loads(text)
+            msg = parse_json(text)
         except ValueError:
             await self.send_error(None, ApiError(ErrorCode.INVALID_JSON, "not valid JSON"))
             return
@@ -364,10 +365,7 @@ class ElevenLabsApi:
         """A checked body and query, and the utterance speaking it (ApiError if not).
         Of the body, `text`, `voice_settings.speed`, `language_code` and `seed` count;
         the rest (model_id, previous_text, pronunciation dictionaries, ...) is ignored."""
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            raise ApiError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
+        body = await json_body(request)
         if not isinstance(body, dict):
             raise ApiError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
         text = body.get("text")

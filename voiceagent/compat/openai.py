@@ -30,6 +30,7 @@ from .utterance import (
     Encoder,
     SpeechOptions,
     Utterance,
+    json_body,
     role_defaults,
     streamed,
     with_defaults,
@@ -163,10 +164,7 @@ class OpenAISpeech:
 
     async def speech(self, request: Request) -> Response:
         try:
-            try:
-                body = json.loads(await request.body())
-            except ValueError:
-                raise ApiError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
+            body = await json_body(request)
             req = SpeechRequest(body, self.model_names)
             who = principal_of(request)
             options = req.options(role_defaults(self.host, who, req.voice))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ..audio.format import FRAME_MS, MODEL_RATE
@@ -24,8 +25,10 @@ from ..model.contract import Voice
 from ..model.sampling import SamplingParams
 from ..pipeline.turn import FrameFormat, OutputItem, Turn, TurnFailed, TurnSettings
 from ..protocol.errors import ErrorCode
+from ..protocol.json_text import parse_json
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
+from ..transport.http_body import BodyTooLarge, read_body
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,7 @@ STATUS = {  # the HTTP status of each refusal an API may answer with
     ErrorCode.INVALID_MESSAGE: 400,
     ErrorCode.INVALID_JSON: 400,
     ErrorCode.TEXT_TOO_LONG: 400,
+    ErrorCode.MESSAGE_TOO_LARGE: 413,
     ErrorCode.QUOTA_EXCEEDED: 429,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.SERVER_BUSY: 503,
@@ -48,6 +52,22 @@ STATUS = {  # the HTTP status of each refusal an API may answer with
     ErrorCode.SYNTHESIS_FAILED: 500,
     ErrorCode.INTERNAL_ERROR: 500,
 }
+
+
+# A request body's size at most: the longest text an API takes (ElevenLabs', 40,000
+# characters, in UTF-8 and JSON escapes) fits many times over.
+MAX_JSON_BODY_BYTES = 1 << 20
+
+
+async def json_body(request: Request) -> Any:
+    """A request's JSON body, read no further than MAX_JSON_BODY_BYTES (ApiError if it
+    is larger or is not JSON)."""
+    try:
+        return parse_json(await read_body(request, MAX_JSON_BODY_BYTES))
+    except BodyTooLarge as exc:
+        raise ApiError(ErrorCode.MESSAGE_TOO_LARGE, str(exc)) from None
+    except ValueError:
+        raise ApiError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
 
 
 class Encoder(Protocol):

@@ -18,6 +18,7 @@ from ..audio.format import (
     PCM16_RATES,
 )
 from .errors import ErrorCode, ProtocolError
+from .json_text import parse_json
 
 LANGUAGES = ("auto", "en", "zh", "ja", "ko", "yue", "de", "fr", "es", "it", "ru")
 INPUT_RATES = (0, *PCM16_RATES)  # 0: no microphone
@@ -280,8 +281,8 @@ _WITH_TEXT = ("text.delta", "speak")
 
 def parse(data: str) -> Command:
     try:
-        obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # ValueError: also over-long integers
+        obj = parse_json(data)
+    except ValueError as exc:
         raise ProtocolError(ErrorCode.INVALID_JSON, f"message is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.INVALID_MESSAGE, "message must be a JSON object")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib.util
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
@@ -36,7 +35,9 @@ from ..compat.utterance import ApiError
 from ..engine.embedded import EmbeddedEngine
 from ..model.speech_model import SpeechModel
 from ..protocol.errors import ErrorCode
+from ..protocol.json_text import parse_json
 from ..protocol.session import Catalog
+from ..transport.http_body import BodyTooLarge, read_body
 from ..voices.reference import MAX_UPLOAD_BYTES, ReferenceAudioError
 from ..voices.registry import VoiceError, VoiceRegistry
 
@@ -124,21 +125,14 @@ class _Host:
 
 async def _read_body(request: Request) -> bytes:
     """The whole body, refused as soon as it passes MAX_BODY_BYTES (never buffered past)."""
-    too_large = VoiceError(
-        ErrorCode.AUDIO_TOO_LARGE,
-        f"the request is larger than {MAX_BODY_BYTES / 2**20:.1f} MiB; the audio may be at "
-        f"most {MAX_UPLOAD_BYTES / 2**20:g} MiB",
-    )
-    length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise too_large
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > MAX_BODY_BYTES:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    try:
+        return await read_body(request, MAX_BODY_BYTES)
+    except BodyTooLarge:
+        raise VoiceError(
+            ErrorCode.AUDIO_TOO_LARGE,
+            f"the request is larger than {MAX_BODY_BYTES / 2**20:.1f} MiB; the audio may be at "
+            f"most {MAX_UPLOAD_BYTES / 2**20:g} MiB",
+        ) from None
 
 
 def _text_field(value: Any, field: str) -> str | None:
@@ -160,7 +154,7 @@ def _base64_audio(audio: Any) -> bytes:
 
 def _from_json(body: bytes) -> tuple[bytes | None, dict[str, Any]]:
     try:
-        data = json.loads(body)
+        data = parse_json(body)
     except ValueError:
         raise VoiceError(ErrorCode.INVALID_JSON, "the body is not JSON") from None
     if not isinstance(data, dict):

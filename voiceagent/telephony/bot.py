@@ -17,6 +17,7 @@ from ..audio.format import FRAME_MS, frame_samples
 from ..audio.resample import StreamResampler
 from ..protocol.errors import CloseCode
 from ..protocol.frames import AudioFrame, pack
+from ..protocol.json_text import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,8 @@ class BotLink:
 def parse_attach(text: str) -> dict[str, Any] | None:
     """The `session.attach` message, if `text` is one."""
     try:
-        msg = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        msg = parse_json(text)
+    except ValueError:
         return None
     return msg if isinstance(msg, dict) and msg.get("type") == "session.attach" else None
 

@@ -22,6 +22,7 @@ from starlette.websockets import WebSocket
 
 from ..auth.gate import ANONYMOUS, Principal
 from ..protocol.errors import ErrorCode
+from ..protocol.json_text import parse_json
 from ..protocol.messages import SETTING, Format
 from ..protocol.session import SessionCore, error_event
 from ..session.port import SessionHost, Transport
@@ -291,8 +292,8 @@ async def run_call(
 
 def _type(text: str) -> str | None:
     try:
-        msg = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nested too deeply
+        msg = parse_json(text)
+    except ValueError:
         return None
     kind = msg.get("type") if isinstance(msg, dict) else None
     return kind if isinstance(kind, str) else None

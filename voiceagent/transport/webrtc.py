@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse
 from ..audio.format import FRAME_MS
 from ..auth.gate import ANONYMOUS, Principal, principal_of
 from ..protocol.errors import ErrorCode
+from ..protocol.json_text import parse_json
 from ..protocol.messages import Format
 from ..protocol.session import SendAudio, SessionCore
 from ..session.port import SessionHost, Transport
@@ -82,8 +83,8 @@ def parse_offer(body: bytes, max_bytes: int) -> RTCSessionDescription:
     if len(body) > max_bytes:
         raise OfferError("sdp_too_large", f"body larger than {max_bytes} bytes")
     try:
-        obj = json.loads(body)
-    except (ValueError, RecursionError):
+        obj = parse_json(body)
+    except ValueError:
         raise OfferError("invalid_json", "body must be JSON: {sdp, type}") from None
     if not isinstance(obj, dict):
         raise OfferError("invalid_json", "body must be a JSON object: {sdp, type}")
