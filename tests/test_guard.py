@@ -23,11 +23,17 @@ import pytest
 import websockets
 from conftest import run
 
-from voiceagent.bench.clients import Client, connect
-from voiceagent.protocol.errors import CloseCode
+from voiceagent.bench.clients import Client, connect, open_peer
+from voiceagent.protocol.errors import CloseCode, ErrorCode
 from voiceagent.server.background import BackgroundServer
 from voiceagent.session.playout import PlayoutConfig
-from voiceagent.transport.guard import ConnectionGate, GuardConfig, MessageGate, Verdict
+from voiceagent.transport.guard import (
+    ConnectionGate,
+    Deadlines,
+    GuardConfig,
+    MessageGate,
+    Verdict,
+)
 
 LONG_TEXT = "This answer goes on and on, so that there is plenty of audio to send. " * 8
 
@@ -100,6 +106,24 @@ def test_the_connection_gate_forgets_idle_addresses_beyond_its_size() -> None:
     assert list(gate.buckets) == ["203.0.113.1"]
 
 
+def test_deadlines_give_a_start_its_time_and_idleness_counts_from_the_last_turn() -> None:
+    clock = Deadlines(GuardConfig(start_timeout_s=5, idle_timeout_s=2), now=100.0)
+    assert clock.next(100.0, started=False, idle_since=100.0) == 105.0
+    assert clock.expired(104.9, False, 100.0) is None
+    assert clock.expired(105.0, False, 100.0) is ErrorCode.SESSION_START_TIMEOUT
+    clock.heard(103.0)  # session.start, then a speak
+    assert clock.expired(110.0, True, None) is None  # a turn is live: never idle
+    assert clock.next(110.0, True, None) == 112.0  # (look again then)
+    # the turn ended at 111, long after the last message: idle from 111, not from 103
+    assert clock.next(111.5, True, 111.0) == 113.0
+    assert clock.expired(112.9, True, 111.0) is None
+    assert clock.expired(113.0, True, 111.0) is ErrorCode.IDLE_TIMEOUT
+    clock.heard(112.5)  # a message after the turn counts from itself
+    assert clock.next(112.6, True, 111.0) == 114.5
+    never = Deadlines(GuardConfig(idle_timeout_s=0), now=0.0)
+    assert never.next(1e6, True, 0.0) is None and never.expired(1e6, True, 0.0) is None
+
+
 # -- real servers ---------------------------------------------------------------------
 
 
@@ -129,10 +153,42 @@ def test_an_idle_session_is_closed_only_when_nothing_plays(make_server) -> None:
             await c.start()
             # a turn that plays for longer than the idle timeout is not cut
             done = (await c.speak(LONG_TEXT[:200])).event("turn.done")
+            done_at = time.monotonic()
             assert done["sent_ms"] > 600
             code, texts = await closed_after(ws)
+            # and once it ends, the session has the whole timeout (what was seen: closed
+            # 0.2-0.4 s after turn.done with a timeout of 1 s, counted from the speak)
+            assert time.monotonic() - done_at >= 0.6 - 0.05
         assert code == CloseCode.POLICY_VIOLATION
         assert json.loads(texts[-1])["code"] == "idle_timeout"
+
+    run(go())
+
+
+def test_webrtc_and_drop_in_sockets_that_never_start_are_closed_and_free_their_slots(
+    make_server,
+) -> None:
+    # What was seen: a silent WebRTC peer and silent Cartesia sockets held their session
+    # slots for as long as they stayed connected (the server refused everyone else).
+    server = make_server(max_sessions=1, guard=GuardConfig(start_timeout_s=0.5))
+
+    async def go() -> None:
+        peer = await open_peer(server.http)
+        try:
+            error = await peer.event(("error",), 15)
+            closing = await peer.event(("session.closing",), 15)
+        finally:
+            await peer.close()
+        assert error["code"] == "session_start_timeout"
+        assert closing["code"] == CloseCode.POLICY_VIOLATION
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+        url = server.url.replace("/v1/ws", "/tts/websocket")
+        async with websockets.connect(url) as ws:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 15))
+            assert message["error_code"] == "session_start_timeout"
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+        async with connect(server.url) as ws:  # the slot is free for someone else
+            await Client(ws).start()
 
     run(go())
 

@@ -25,7 +25,7 @@ from ..auth.gate import Principal, principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
-from ..transport.guard import MessageGate, Verdict
+from ..transport.guard import Deadlines, MessageGate, Verdict
 from ..transport.websocket import rate_limited_response
 from .utterance import ApiError, SpeechOptions, Utterance
 
@@ -44,6 +44,7 @@ class ContextSocket(ABC):
         self._pumps: dict[str, asyncio.Task[None]] = {}
         self.stalled = False
         self.reader: asyncio.Task[Any] | None = None  # the socket's read loop
+        self._idle_at = asyncio.get_running_loop().time()  # when the last context ended
 
     # -- for the dialect ------------------------------------------------------------------
 
@@ -85,6 +86,7 @@ class ContextSocket(ABC):
         if utterance is None:
             return False
         utterance.close()
+        self._note_if_idle()
         return True
 
     async def send_json(self, message: dict[str, Any]) -> None:
@@ -106,6 +108,15 @@ class ContextSocket(ABC):
     @property
     def idle(self) -> bool:
         return not self.contexts
+
+    @property
+    def idle_since(self) -> float | None:
+        """When (the event loop's clock) the last context ended; None while one is live."""
+        return self._idle_at if self.idle else None
+
+    def _note_if_idle(self) -> None:
+        if self.idle:
+            self._idle_at = asyncio.get_running_loop().time()
 
     @property
     def transport(self) -> ContextSocket:
@@ -137,6 +148,7 @@ class ContextSocket(ABC):
             if self._pumps.get(context_id) is asyncio.current_task():
                 del self._pumps[context_id]
                 del self.contexts[context_id]
+                self._note_if_idle()
 
     def close_all(self) -> None:
         for context_id in list(self.contexts):
@@ -161,19 +173,22 @@ async def serve_context_socket(host: SessionHost, ws: WebSocket, socket: Context
     host.admission.runners.add(socket)
     socket.reader = asyncio.current_task()
     gate = MessageGate(guard)
+    deadlines = Deadlines(guard, loop.time())
+    started = False  # these APIs have no session.start: a socket starts with its first message
     ended: ErrorCode | None = None
     try:
         while ended is None:
-            idle_s = guard.idle_timeout_s
+            deadline = deadlines.next(loop.time(), started, socket.idle_since)
             try:
-                async with asyncio.timeout(idle_s if idle_s > 0 else None):
+                async with asyncio.timeout_at(deadline):
                     message = await ws.receive()
             except TimeoutError:
-                if socket.idle:
-                    ended = ErrorCode.IDLE_TIMEOUT
+                ended = deadlines.expired(loop.time(), started, socket.idle_since)
                 continue
             if message["type"] == "websocket.disconnect":
                 break
+            started = True
+            deadlines.heard(loop.time())
             verdict = gate.check(loop.time())
             if verdict is Verdict.CLOSE:
                 ended = ErrorCode.RATE_LIMITED

@@ -105,6 +105,7 @@ class SessionRunner:
         self._admitted: set[int] = set()  # turns holding one of the server's live slots
         self._waits: set[asyncio.Task[None]] = set()  # for listeners' reports after a cancel
         self.gain = 1.0  # applied to each frame as it is encoded (ducking)
+        self._idle_at = asyncio.get_running_loop().time()  # when the last turn ended
         bind(session_id=core.session_id)  # on every log line of this session's tasks
         self._player = asyncio.get_running_loop().create_task(self._play_turns())
         if admission is not None:
@@ -149,6 +150,16 @@ class SessionRunner:
     def idle(self) -> bool:
         """No turn is open, synthesizing or playing: closing now cuts nothing."""
         return not self._turns and self._playing is None
+
+    @property
+    def idle_since(self) -> float | None:
+        """When (the event loop's clock) the session's last turn ended; None while one
+        is live."""
+        return self._idle_at if self.idle else None
+
+    def _note_if_idle(self) -> None:
+        if self.idle:
+            self._idle_at = asyncio.get_running_loop().time()
 
     async def close(self) -> None:
         self._player.cancel()
@@ -304,6 +315,7 @@ class SessionRunner:
             self._release_turn(num)
         if self._playing is not None and self._playing[0] == num:
             self._playing[1].cancel()
+        self._note_if_idle()
 
     async def _play_turns(self) -> None:
         while True:
@@ -322,6 +334,7 @@ class SessionRunner:
             self._turns.pop(num, None)
             turn.close()
             self._release_turn(num)
+            self._note_if_idle()
 
     def _ended(self, num: int, turn: Turn) -> None:
         """The turn's end is about to be reported: it is no longer open, so a session

@@ -13,6 +13,8 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
+from ..protocol.errors import ErrorCode
+
 log = logging.getLogger(__name__)
 
 
@@ -98,6 +100,47 @@ class MessageGate:
             self.warned_at = now
             return Verdict.WARN
         return Verdict.WAIT
+
+
+# What a session closed by the server is told, by the reason's code.
+CLOSING = {
+    ErrorCode.RATE_LIMITED: "sent over the message rate for too long",
+    ErrorCode.SESSION_START_TIMEOUT: "no session.start in time",
+    ErrorCode.IDLE_TIMEOUT: "no message and no live turn for too long",
+}
+
+
+class Deadlines:
+    """When a connection has waited too long: for its start (`session.start`, or its
+    first message where it has none: `start_timeout_s`), or with nothing to do: no message
+    from the client and nothing live for `idle_timeout_s`, counted from whichever of the
+    two ended last (a turn that ends a second after the last message leaves the whole
+    timeout to the client)."""
+
+    def __init__(self, config: GuardConfig, now: float) -> None:
+        self.config = config
+        self.opened = self.last = now
+
+    def heard(self, now: float) -> None:
+        self.last = now
+
+    def next(self, now: float, started: bool, idle_since: float | None) -> float | None:
+        """When to look again (None: never). `idle_since`: when the connection's last
+        live turn ended, or None while one is live."""
+        if not started:
+            return self.opened + self.config.start_timeout_s
+        if self.config.idle_timeout_s <= 0:
+            return None
+        if idle_since is None:  # busy: it cannot be idle for the timeout before then
+            return now + self.config.idle_timeout_s
+        return max(self.last, idle_since) + self.config.idle_timeout_s
+
+    def expired(self, now: float, started: bool, idle_since: float | None) -> ErrorCode | None:
+        """Why to close the connection now, if it has waited too long."""
+        deadline = self.next(now, started, idle_since)
+        if deadline is None or now < deadline:
+            return None
+        return ErrorCode.IDLE_TIMEOUT if started else ErrorCode.SESSION_START_TIMEOUT
 
 
 class ConnectionGate:

@@ -39,12 +39,13 @@ from starlette.responses import JSONResponse
 
 from ..audio.format import FRAME_MS
 from ..auth.gate import ANONYMOUS, Principal, principal_of
-from ..protocol.errors import ErrorCode
+from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.json_text import parse_json
 from ..protocol.messages import Format
-from ..protocol.session import SendAudio, SessionCore
+from ..protocol.session import SendAudio, SessionCore, error_event
 from ..session.port import SessionHost, Transport
 from ..session.runner import SessionRunner
+from .guard import CLOSING, Deadlines
 from .webrtc_media import RATE, OutboundAudioTrack, mono_float, set_audio_prefetch
 
 log = logging.getLogger(__name__)
@@ -216,9 +217,14 @@ class WebRtcSession:
         if self.transport.channel is not None:  # one control channel per session
             return
         self.transport.channel = channel
+        loop = asyncio.get_running_loop()
+        # session.start and idleness count from here: before it, connect_timeout_s does
+        deadlines = Deadlines(self.gateway.host.guard, loop.time())
+        self._spawn(self._watch(deadlines))
 
         @channel.on("message")
         def on_message(message: str | bytes) -> None:
+            deadlines.heard(loop.time())
             try:
                 self._inbox.put_nowait(message)
             except asyncio.QueueFull:
@@ -242,6 +248,26 @@ class WebRtcSession:
         if self.pc.connectionState != "connected":
             log.info("session %s: not connected after %ss", self.id, self.config.connect_timeout_s)
             self.close_soon()
+
+    async def _watch(self, deadlines: Deadlines) -> None:
+        """Close the session once it has waited too long for session.start, or idle (no
+        control message and no live turn; the microphone's audio is not a message)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            deadline = deadlines.next(loop.time(), self.core.started, self.runner.idle_since)
+            if deadline is None:
+                return  # started, and no idle timeout: nothing more to watch
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            code = deadlines.expired(loop.time(), self.core.started, self.runner.idle_since)
+            if code is not None:
+                break
+        log.info("session %s closed: %s", self.id, code)
+        metrics = self.gateway.host.engine.metrics
+        metrics.closed.labels(str(code)).inc()
+        metrics.errors.labels(str(code)).inc()
+        with contextlib.suppress(ConnectionError):
+            await self.transport.send_event(error_event(code, CLOSING[code]))
+        await self.transport.close(CloseCode.POLICY_VIOLATION, str(code))
 
     async def _control(self) -> None:
         while True:

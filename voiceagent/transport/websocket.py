@@ -26,7 +26,7 @@ from ..session.runner import SessionRunner
 from ..telephony.events import CallerAudio, CallInfo, CarrierEvent, Invalid, MarkEchoed
 from ..telephony.marks import MarkBook
 from ..telephony.media_streams import TWILIO, JsonStream
-from .guard import GuardConfig, MessageGate, Verdict
+from .guard import CLOSING, Deadlines, MessageGate, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -135,25 +135,21 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
     transport = WebSocketTransport(ws, core, guard.send_timeout_s)
     runner = SessionRunner(core, host.engine, transport, host.playout, host.admission)
     gate = MessageGate(guard)
-    opened = last = loop.time()
+    deadlines = Deadlines(guard, loop.time())
     ended: ErrorCode | None = None  # why the server ends the session, if it does
     try:
         while ended is None:
-            deadline = _deadline(guard, opened, last, core.started)
+            deadline = deadlines.next(loop.time(), core.started, runner.idle_since)
             try:
                 async with asyncio.timeout_at(deadline):
                     message = await ws.receive()
             except TimeoutError:
-                if not core.started:
-                    ended = ErrorCode.SESSION_START_TIMEOUT
-                elif runner.idle:
-                    ended = ErrorCode.IDLE_TIMEOUT
-                last = loop.time()  # a turn is live: not idle
+                ended = deadlines.expired(loop.time(), core.started, runner.idle_since)
                 continue
             if message["type"] == "websocket.disconnect":
                 break
-            last = loop.time()
-            verdict = gate.check(last)
+            deadlines.heard(loop.time())
+            verdict = gate.check(loop.time())
             if verdict is Verdict.CLOSE:
                 ended = ErrorCode.RATE_LIMITED
                 continue
@@ -182,20 +178,6 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
 
 
 RATE_MESSAGE = "messages arrive faster than the session's limit; they are read more slowly"
-CLOSING = {
-    ErrorCode.RATE_LIMITED: "sent over the message rate for too long",
-    ErrorCode.SESSION_START_TIMEOUT: "no session.start in time",
-    ErrorCode.IDLE_TIMEOUT: "no message and no live turn for too long",
-}
-
-
-def _deadline(guard: GuardConfig, opened: float, last: float, started: bool) -> float | None:
-    """When the socket has waited too long: to start the session, or idle."""
-    if not started:
-        return opened + guard.start_timeout_s
-    if guard.idle_timeout_s > 0:
-        return last + guard.idle_timeout_s
-    return None
 
 
 async def _handle(runner: SessionRunner, transport: WebSocketTransport, message: Any) -> None:
