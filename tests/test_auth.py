@@ -384,6 +384,25 @@ def test_a_tenant_quota_of_zero_means_no_limit():
     assert usage.take_chars(10**6) is None
 
 
+def test_adding_and_revoking_keys_keeps_every_tenants_quota_as_written(tmp_path):
+    # What was seen: a tenant's `sessions = 0` (no limit, over a default of 20) became
+    # 20 after `key add`, and the defaults were copied into every tenant's table, so a
+    # later edit of [quota] no longer reached them.
+    path = tmp_path / "keys.toml"
+    path.write_text(
+        "[quota]\nsessions = 20\nturns_per_min = 600\n"
+        "[tenants.acme]\nsessions = 0\n[tenants.beta]\nchars_per_min = 900\n"
+    )
+    _, record = keys.add_key(path, "acme")
+    keys.revoke_key(path, record.id)
+    keys.add_key(path, "beta")
+    after = keys.read(path)
+    assert after.quota("acme") == Quota(sessions=0, turns_per_min=600, chars_per_min=0)
+    assert after.quota("beta") == Quota(sessions=20, turns_per_min=600, chars_per_min=900)
+    edited = path.read_text().replace("turns_per_min = 600", "turns_per_min = 60", 1)
+    assert keys.parse(edited).quota("beta").turns_per_min == 60  # the default reaches it
+
+
 # -- auth.mode ----------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ import os
 import re
 import secrets
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..session.quota import Quota
@@ -63,6 +63,9 @@ class KeysFile:
     keys: tuple[KeyRecord, ...] = ()
     default_quota: Quota = field(default_factory=Quota)
     quotas: dict[str, Quota] = field(default_factory=dict)
+    # each tenant's table as written (zeros included), so that a rewrite keeps what the
+    # tenant overrides and no more: the rest follows [quota] as it changes
+    tables: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def quota(self, tenant: str) -> Quota:
         return self.quotas.get(tenant, self.default_quota)
@@ -98,9 +101,10 @@ def parse(text: str) -> KeysFile:
     """Raises ValueError (tomllib's TOMLDecodeError is one) naming what is wrong."""
     data = tomllib.loads(text)
     default = _quota(data.get("quota", {}), Quota(), "quota")
+    tables = data.get("tenants", {})
     quotas = {
         check_tenant(name): _quota(table, default, f"tenants.{name}")
-        for name, table in data.get("tenants", {}).items()
+        for name, table in tables.items()
     }
     records = []
     for item in data.get("keys", []):
@@ -111,21 +115,21 @@ def parse(text: str) -> KeysFile:
         except (KeyError, TypeError):
             raise ValueError("each [[keys]] needs id, tenant and sha256") from None
         records.append(record)
-    return KeysFile(tuple(records), default, quotas)
+    return KeysFile(tuple(records), default, quotas, {name: dict(t) for name, t in tables.items()})
 
 
 def render(keys: KeysFile) -> str:
     lines = ["# voiceagent API keys (SHA-256 only) and tenants' quotas; see docs/security.md", ""]
 
-    def table(name: str, quota: Quota) -> None:
+    def table(name: str, values: dict[str, int]) -> None:
         lines.append(f"[{name}]")
-        lines.extend(f"{k} = {v}" for k, v in quota.__dict__.items() if v)
+        lines.extend(f"{k} = {v}" for k, v in values.items())
         lines.append("")
 
-    if keys.default_quota != Quota():
-        table("quota", keys.default_quota)
-    for tenant, quota in keys.quotas.items():
-        table(f"tenants.{json.dumps(tenant)}", quota)
+    if keys.default_quota != Quota():  # (a zero there is the same as none)
+        table("quota", {k: v for k, v in keys.default_quota.__dict__.items() if v})
+    for tenant, values in keys.tables.items():
+        table(f"tenants.{json.dumps(tenant)}", values)
     for r in keys.keys:
         lines += ["[[keys]]", f'id = "{r.id}"', f"tenant = {json.dumps(r.tenant)}"]
         lines += [f'sha256 = "{r.sha256}"', f'created = "{r.created}"', ""]
@@ -154,7 +158,7 @@ def add_key(path: Path, tenant: str) -> tuple[str, KeyRecord]:
     key = f"va_{key_id}_{secrets.token_urlsafe(32)}"
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     record = KeyRecord(key_id, check_tenant(tenant), digest(key), now)
-    write(path, KeysFile((*keys.keys, record), keys.default_quota, keys.quotas))
+    write(path, replace(keys, keys=(*keys.keys, record)))
     return key, record
 
 
@@ -163,7 +167,7 @@ def revoke_key(path: Path, key_id: str) -> bool:
     kept = tuple(r for r in keys.keys if r.id != key_id)
     if len(kept) == len(keys.keys):
         return False
-    write(path, KeysFile(kept, keys.default_quota, keys.quotas))
+    write(path, replace(keys, keys=kept))
     return True
 
 
