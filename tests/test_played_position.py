@@ -130,6 +130,37 @@ def test_websocket_without_reports_the_estimate_says_it_is_the_server_s(make_ser
     assert 500 <= cancelled["played_ms"] <= min(cancelled["sent_ms"], elapsed * 1000 + 20)
 
 
+def test_back_to_back_turns_never_pile_up_audio_at_the_listener(make_server):
+    """The server sends `lead_ms` (200) ahead of the listener's playout, across turns too.
+    What was seen: three turns in a row left 200, 420, then 640 ms queued at the
+    listener (each turn paced from its own first frame, on top of the last one's tail),
+    so a cancel or a telephony `clear` dropped that much and `played_ms` ran ahead.
+    (A frame that arrives late starts the clock again in the same way.)"""
+    server = make_server()
+
+    async def go() -> list[float]:
+        player, queued = Player(), []
+        async with connect(server.url) as ws:
+            await ws.send(json.dumps({"type": "session.start"}))
+            for turn in ("a", "b", "c"):
+                text = "Your order shipped this morning."
+                await ws.send(json.dumps({"type": "speak", "text": text, "turn_id": turn}))
+            done = 0
+            while done < 3:
+                msg = await asyncio.wait_for(ws.recv(), 60)
+                now = time.monotonic()
+                if isinstance(msg, bytes):
+                    player.arrived(now)
+                    queued.append(player.ends[-1] - now)  # held when this frame arrived
+                elif json.loads(msg)["type"] == "turn.done":
+                    done += 1
+        return queued
+
+    queued = run(go())
+    assert len(queued) > 100
+    assert max(queued) <= 0.2 + 0.1, f"{max(queued) * 1000:.0f} ms held at the listener"
+
+
 async def _played_peer(peer: Peer, turn_id: str, stop: asyncio.Event) -> None:
     """The peer as a player: every frame its track delivers from the turn's first audible
     one on is played (aiortc's jitter buffer already paces them); it reports every 100 ms

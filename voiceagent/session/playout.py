@@ -33,24 +33,24 @@ class Heard:
 class TurnPlayout:
     """What the server knows of one playing turn's way to the listener."""
 
-    first_sent: float | None = None  # monotonic time of its first frame
+    # monotonic time the listener plays its first frame at (after what it still had of
+    # the turn before; moved on when it ran dry)
+    clock: float | None = None
     frames: int = 0  # frames handed to the transport
     report: tuple[int, float] | None = None  # the listener's last (played_ms, received at)
 
     def sent(self) -> None:
-        if self.first_sent is None:
-            self.first_sent = time.monotonic()
         self.frames += 1
 
     def heard(self, transport_sent_ms: int | None, now: float | None = None) -> Heard:
         """The listener plays in real time once audio reaches it, so: its last report plus
-        the time since, or else the time since the first frame; never more than has left
-        the server (by the transport's count where it has one)."""
+        the time since, or else the time on the turn's play clock; never more than has
+        left the server (by the transport's count where it has one)."""
         now = time.monotonic() if now is None else now
         out_ms = self.frames * FRAME_MS if transport_sent_ms is None else transport_sent_ms
         if self.report is not None:
             played, at = self.report
             return Heard(int(min(played + (now - at) * 1000, out_ms)), "report")
-        if self.first_sent is None:
+        if self.clock is None:
             return Heard(0, "server")
-        return Heard(int(min((now - self.first_sent) * 1000, out_ms)), "server")
+        return Heard(int(max(0.0, min((now - self.clock) * 1000, out_ms))), "server")

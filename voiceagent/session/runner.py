@@ -106,6 +106,9 @@ class SessionRunner:
         self._waits: set[asyncio.Task[None]] = set()  # for listeners' reports after a cancel
         self.gain = 1.0  # applied to each frame as it is encoded (ducking)
         self._idle_at = asyncio.get_running_loop().time()  # when the last turn ended
+        # when the listener will have played all it was sent (monotonic): the next turn's
+        # play clock starts after it, so back-to-back turns do not pile up audio there
+        self._listener_until = 0.0
         bind(session_id=core.session_id)  # on every log line of this session's tasks
         self._player = asyncio.get_running_loop().create_task(self._play_turns())
         if admission is not None:
@@ -315,6 +318,7 @@ class SessionRunner:
             self._release_turn(num)
         if self._playing is not None and self._playing[0] == num:
             self._playing[1].cancel()
+            self._listener_until = time.monotonic()  # the transport drops what it holds
         self._note_if_idle()
 
     async def _play_turns(self) -> None:
@@ -352,8 +356,9 @@ class SessionRunner:
         """Send the turn's frames on an absolute clock, `lead_ms` ahead of real time. The
         sender owns the turn's encoder and encodes each frame only now, so a gain change
         (ducking) applies from the next frame."""
-        lead = self.playout.lead_ms / 1000
-        start: float | None = None
+        lead, frame_s = self.playout.lead_ms / 1000, FRAME_MS / 1000
+        start: float | None = None  # when the first frame left (TTFA)
+        clock = 0.0  # when the listener plays frame 0
         seq = 0
         late = False  # the previous frame left after its play time: one underrun per stall
         try:
@@ -375,18 +380,27 @@ class SessionRunner:
                 if start is None:
                     start = now
                     self.metrics.ttfa.labels(self.transport.name).observe(now - turn.stats.created)
-                # Pace on an absolute clock: frame k is due at start + k*20ms - lead, and
-                # the listener plays it at start + k*20ms: later than that, it ran dry.
-                plays_at = start + seq * FRAME_MS / 1000
-                if now > plays_at and not late:
-                    self.metrics.underruns.labels(self.transport.name).inc()
-                late = now > plays_at
+                    clock = max(now, self._listener_until)
+                # Pace on an absolute clock: frame k is due at clock + k*20ms - lead, and
+                # the listener plays it at clock + k*20ms. Later than that, it ran dry: its
+                # clock starts again at this frame, so the frames late with it do not go
+                # out at once on top of what is due next (a backlog at the listener).
+                plays_at = clock + seq * frame_s
+                if now > plays_at:
+                    if not late:
+                        self.metrics.underruns.labels(self.transport.name).inc()
+                    clock, plays_at = now - seq * frame_s, now
+                    late = True
+                else:
+                    late = False
+                self._playouts.setdefault(num, TurnPlayout()).clock = clock
                 delay = plays_at - lead - now
                 if delay > 0:
                     await asyncio.sleep(delay)
                 data = encoder.encode(item, self.gain)
                 level = loudness(item if self.gain == 1.0 else item * self.gain)
                 await self.execute(self.core.audio(num, encoder.codec, data, level))
+                self._listener_until = plays_at + frame_s
                 seq += 1
         except asyncio.CancelledError:
             raise
