@@ -264,7 +264,19 @@ def parse_generation(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
         raise _invalid("seed must be a non-negative integer below 2**31")
     language = _language(body.get("language", body.get("locale")))
-    options = SpeechOptions(voice, language, speed, SamplingParams(seed=seed), output.pcm_rate)
+    given = {
+        "speed": body.get("speed") is not None or config.get("speed") is not None,
+        "seed": "seed" in body,
+        "language": body.get("language", body.get("locale")) is not None,
+    }
+    options = SpeechOptions(
+        voice,
+        language,
+        speed,
+        SamplingParams(seed=seed),
+        output.pcm_rate,
+        frozenset(k for k, v in given.items() if v),
+    )
     return Generation(options, output, float(volume), _flag(body, "add_timestamps"), delay)
 
 

@@ -35,9 +35,7 @@ from .utterance import (
     Encoder,
     SpeechOptions,
     Utterance,
-    role_defaults,
     streamed,
-    with_defaults,
 )
 
 log = logging.getLogger(__name__)
@@ -135,12 +133,12 @@ class Cloning:
             _check_size(audio)
             one_off = await self.registry.one_off(audio, req.transcript, req.language)
         options = SpeechOptions(
-            req.voice or "", req.language, req.speed, SamplingParams(seed=req.seed)
+            req.voice or "",
+            req.language,
+            req.speed,
+            SamplingParams(seed=req.seed),
+            given=frozenset(fields),
         )
-        if req.voice is not None:  # a role's defaults, under what the request sets
-            options = with_defaults(
-                options, set(fields), role_defaults(self.host, principal, req.voice)
-            )
         utterance = Utterance(self.host, principal, options, "tts", voice=one_off)
         if one_off is not None:  # its cached flow state goes when the utterance does
             name = one_off.name

@@ -46,6 +46,7 @@ from .elevenlabs_wire import (
     Encoder,
     OutputFormat,
     StreamParams,
+    given_of,
     http_error,
     invalid,
     language_of,
@@ -53,6 +54,7 @@ from .elevenlabs_wire import (
     parse_format,
     seed_of,
     speed_of,
+    speed_set,
 )
 from .utterance import ApiError, SpeechOptions, Utterance, json_body, streamed
 
@@ -178,12 +180,14 @@ class ElevenLabsSocket(ContextSocket):
                 )
                 return
             try:
+                settings = msg.get("voice_settings")
                 options = SpeechOptions(
                     self.params.voice,
                     self.params.language,
-                    speed_of(msg.get("voice_settings")),
+                    speed_of(settings),
                     SamplingParams(seed=self.params.seed),
                     self.params.format.utterance_rate,
+                    self.params.given | given_of(speed=speed_set(settings)),
                 )
                 self.open(cid, options)
             except ApiError as exc:
@@ -378,6 +382,11 @@ class ElevenLabsApi:
             speed_of(body.get("voice_settings")),
             SamplingParams(seed=seed_of(body.get("seed"))),
             fmt.utterance_rate,
+            given_of(
+                speed=speed_set(body.get("voice_settings")),
+                language=body.get("language_code") is not None,
+                seed=body.get("seed") is not None,
+            ),
         )
         utterance = Utterance(self.host, principal_of(request), options, API)
         try:

@@ -248,6 +248,15 @@ def language_of(code: Any) -> str:
     return base if base in LANGUAGES else "auto"
 
 
+def speed_set(voice_settings: Any) -> bool:
+    return isinstance(voice_settings, dict) and voice_settings.get("speed") is not None
+
+
+def given_of(**set_: bool) -> frozenset[str]:
+    """The settings a request set itself (a role's defaults fill in the rest)."""
+    return frozenset(name for name, is_set in set_.items() if is_set)
+
+
 def speed_of(voice_settings: Any) -> float:
     """`voice_settings.speed`; the other settings (stability, similarity_boost, style,
     use_speaker_boost) have no counterpart here and are ignored."""
@@ -279,6 +288,7 @@ class StreamParams:
     inactivity_s: float = DEFAULT_INACTIVITY_S
     sync_alignment: bool = False
     auto_mode: bool = False
+    given: frozenset[str] = frozenset()  # of language and seed (for a role's defaults)
 
     @classmethod
     def parse(
@@ -303,6 +313,7 @@ class StreamParams:
             inactivity,
             flag_of(query, "sync_alignment", False),
             flag_of(query, "auto_mode", False),
+            given_of(language="language_code" in query, seed="seed" in query),
         )
 
 

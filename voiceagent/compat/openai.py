@@ -31,9 +31,7 @@ from .utterance import (
     SpeechOptions,
     Utterance,
     json_body,
-    role_defaults,
     streamed,
-    with_defaults,
 )
 
 log = logging.getLogger(__name__)
@@ -138,13 +136,12 @@ class SpeechRequest:
             raise _invalid("instructions must be a string")
         # CosyVoice2 speaks as its voice prompt does; it has no instruction input.
         self.ignored = ["instructions"] if instructions else []
-        self.given = set(body)
+        self.given = frozenset(body)
 
-    def options(self, role: dict[str, Any]) -> SpeechOptions:
-        """The request's options, over the defaults of the role it names (if it does)."""
+    def options(self) -> SpeechOptions:
+        """The request's options (a role it names fills in what it does not set)."""
         sampling = SamplingParams(seed=self.seed)
-        options = SpeechOptions(self.voice, self.language, self.speed, sampling)
-        return with_defaults(options, self.given, role)
+        return SpeechOptions(self.voice, self.language, self.speed, sampling, given=self.given)
 
 
 class OpenAISpeech:
@@ -167,7 +164,7 @@ class OpenAISpeech:
             body = await json_body(request)
             req = SpeechRequest(body, self.model_names)
             who = principal_of(request)
-            options = req.options(role_defaults(self.host, who, req.voice))
+            options = req.options()
             utterance = Utterance(self.host, who, options, "openai")
         except ApiError as exc:
             return openai_error(exc)

@@ -93,6 +93,10 @@ class ApiError(Exception):
         return {"type": "error", "code": str(self.code), "message": self.message}
 
 
+# What a request may set that a role has a default for.
+SETTABLE = frozenset({"language", "speed", "temperature", "top_k", "top_p", "seed"})
+
+
 @dataclass(frozen=True)
 class SpeechOptions:
     voice: str  # as the caller names it (a tenant's own voice shadows a shared one)
@@ -100,6 +104,9 @@ class SpeechOptions:
     speed: float = 1.0
     sampling: SamplingParams = field(default_factory=SamplingParams)
     sample_rate: int = MODEL_RATE  # of the PCM handed out
+    # What the request set itself (of SETTABLE); where `voice` names a role, its
+    # defaults fill in the rest
+    given: frozenset[str] = SETTABLE
 
 
 def find_voice(host: SessionHost, principal: Principal, name: str) -> Voice:
@@ -118,11 +125,9 @@ def role_defaults(host: SessionHost, principal: Principal, name: str) -> dict[st
     return {} if role is None else role.defaults
 
 
-def with_defaults(
-    options: SpeechOptions, given: set[str], defaults: dict[str, Any]
-) -> SpeechOptions:
-    """`options` with a role's defaults for what the request did not set itself (`given`:
-    of language, speed, temperature, top_k, top_p, seed)."""
+def with_defaults(options: SpeechOptions, defaults: dict[str, Any]) -> SpeechOptions:
+    """`options` with a role's defaults for what the request did not set itself."""
+    given = options.given
     sampling = {k: v for k, v in defaults.get("sampling", {}).items() if k not in given}
     plain = {k: defaults[k] for k in ("language", "speed") if k in defaults and k not in given}
     return replace(options, sampling=replace(options.sampling, **sampling), **plain)
@@ -143,8 +148,10 @@ class Utterance:
         self.host = host
         self.api = api  # the metrics' transport label: "openai", "cartesia", ...
         self.tenant = principal.tenant
+        if voice is None:  # a voice or a role, by name: a role's defaults apply
+            voice = find_voice(host, principal, options.voice)
+            options = with_defaults(options, role_defaults(host, principal, options.voice))
         self.options = options
-        voice = voice or find_voice(host, principal, options.voice)
         if not 0.5 <= options.speed <= 2.0:
             raise ApiError(ErrorCode.INVALID_PARAMETER, "speed must be within 0.5 and 2.0")
         refusal = host.admission.admit_turn(self.tenant)

@@ -1,0 +1,61 @@
+"""A role (roles.toml: a voice with defaults) works by name in every drop-in API, as in a
+session: its defaults fill in what a request does not set, and a request's own settings
+win. What was seen: OpenAI and /v1/tts applied a role's seed and speed, but Cartesia and
+ElevenLabs spoke the role's voice with their own defaults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+TEXT = "Your order shipped this morning."
+ROLE = "[roles.support]\nvoice = '{voice}'\nseed = 5\nspeed = 1.5\n"
+
+
+def openai(voice: str, **given: Any) -> dict[str, Any]:
+    body = {"model": "tts-1", "voice": voice, "input": TEXT, "response_format": "pcm"}
+    return {"url": "/v1/audio/speech", "json": body | given}
+
+
+def cartesia(voice: str, **given: Any) -> dict[str, Any]:
+    fmt = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+    body = {"model_id": "sonic-3", "voice": {"mode": "id", "id": voice}, "transcript": TEXT}
+    return {"url": "/tts/bytes", "json": body | {"output_format": fmt} | given}
+
+
+def elevenlabs(voice: str, **given: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"text": TEXT}
+    if "speed" in given:
+        body["voice_settings"] = {"speed": given.pop("speed")}
+    return {
+        "url": f"/v1/text-to-speech/{voice}/stream",
+        "params": {"output_format": "pcm_24000"},
+        "json": body | given,
+    }
+
+
+def tts(voice: str, **given: Any) -> dict[str, Any]:
+    return {"url": "/v1/tts", "json": {"voice": voice, "text": TEXT, "format": "pcm"} | given}
+
+
+@pytest.mark.parametrize("api", [openai, cartesia, elevenlabs, tts], ids=lambda f: f.__name__)
+def test_a_role_s_defaults_apply_and_a_request_s_own_settings_win(
+    make_server, tmp_path, tiny_model, api
+):
+    voice = next(iter(tiny_model.voices))
+    roles = tmp_path / "roles.toml"
+    roles.write_text(ROLE.format(voice=voice))
+    server = make_server(roles_file=roles)
+
+    def audio(request: dict[str, Any]) -> bytes:
+        url = server.http + request.pop("url")
+        r = httpx.post(url, timeout=60, **request)
+        assert r.status_code == 200, r.text
+        return r.content
+
+    as_the_role_says = audio(api(voice, seed=5, speed=1.5))
+    assert audio(api("support")) == as_the_role_says
+    assert audio(api(voice)) != as_the_role_says  # (the defaults do change the audio)
+    assert audio(api("support", seed=9, speed=1.5)) == audio(api(voice, seed=9, speed=1.5))
