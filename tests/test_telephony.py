@@ -34,6 +34,7 @@ from voiceagent.bench.clients import Client, connect
 from voiceagent.protocol import frames
 from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.session.playout import PlayoutConfig
+from voiceagent.telephony.bot import BotLink
 from voiceagent.telephony.call import TelephonyConfig
 
 LONG = (
@@ -258,7 +259,7 @@ def test_the_bot_switches_voices_between_turns_and_hangs_up(
             await until(bot, "turn.done")
             await bot.send({"type": "call.hangup"})
             ended = await until(bot, "call.ended")
-            assert ended["reason"] in ("disconnected", "stop")
+            assert ended["reason"] == "hangup"  # (was "disconnected": our own hang-up)
             await call.wait_until(lambda: call.close_code is not None, 5)
             assert call.close_code == 1000
         assert server.voice_server.admission.sessions == 0
@@ -284,6 +285,42 @@ def test_a_call_whose_bot_never_comes_or_leaves_is_hung_up(
         bot = await attach(server, token())
         error = await bot.event()
         assert error["code"] == "unknown_call"
+
+    run(go())
+
+
+class DeadSocket:
+    """A bot's socket whose sends fail, as a vanished TCP peer's do (a real socket cannot
+    be made to fail on cue; the end-to-end resets above did not hit the window)."""
+
+    def __init__(self) -> None:
+        self.dead = False
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        if self.dead:
+            raise ConnectionResetError("peer gone")
+        self.sent.append(text)
+
+
+def test_a_bot_that_dies_mid_send_still_leaves_the_call_to_its_grace_timer() -> None:
+    # What was seen: a failed send forgot the bot, so its detach started no grace timer
+    # and the call, with nobody to drive it, never hung up.
+    async def go() -> None:
+        link, first, second = BotLink(), DeadSocket(), DeadSocket()
+        await link.attach(first, {"type": "session.created"}, 0)  # type: ignore[arg-type]
+        first.dead = True
+        await link.send({"type": "turn.done"})
+        assert not link.attached  # a new bot may attach now
+        assert link.detach(first)  # ... and its leaving leaves the call without a bot
+        # a new bot may come before the dead one's socket notices: it stays attached
+        link, first = BotLink(), DeadSocket()
+        await link.attach(first, {"type": "session.created"}, 0)  # type: ignore[arg-type]
+        first.dead = True
+        await link.send({"type": "turn.done"})
+        await link.attach(second, {"type": "session.created"}, 0)  # type: ignore[arg-type]
+        assert not link.detach(first) and link.attached and link.ws is second
+        assert json.loads(second.sent[-1])["type"] == "turn.done"  # kept for it
 
     run(go())
 

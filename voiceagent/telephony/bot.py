@@ -31,6 +31,7 @@ class BotLink:
 
     def __init__(self, backlog: int = 512) -> None:
         self.ws: WebSocket | None = None
+        self._failed: WebSocket | None = None  # the bot a send failed to, until it detaches
         self._backlog: deque[dict[str, Any]] = deque(maxlen=backlog)
         self._dropped = 0
         self._caller_rate = 0
@@ -48,7 +49,7 @@ class BotLink:
                 await self.ws.send_text(json.dumps(event))
                 return
             except Exception:  # the bot went away mid-send: keep the event for the next one
-                self.ws = None
+                self._failed, self.ws = self.ws, None
         if event.get("type") == "audio.levels":
             return  # lip-sync levels are worthless later
         if len(self._backlog) == self._backlog.maxlen:
@@ -56,7 +57,7 @@ class BotLink:
         self._backlog.append(event)
 
     async def attach(self, ws: WebSocket, hello: dict[str, Any], caller_rate: int) -> None:
-        self.ws = ws
+        self.ws, self._failed = ws, None
         self._caller_rate = caller_rate
         self._resampler = None
         await ws.send_text(json.dumps(hello))
@@ -66,9 +67,16 @@ class BotLink:
         while self._backlog and self.ws is ws:
             await ws.send_text(json.dumps(self._backlog.popleft()))
 
-    def detach(self, ws: WebSocket) -> None:
-        if self.ws is ws:
+    def detach(self, ws: WebSocket) -> bool:
+        """True when `ws` was the attached bot (or was, until a send to it failed, and no
+        other has attached since): the call has no bot now."""
+        if ws is self.ws:
             self.ws = None
+            return True
+        if ws is self._failed:
+            self._failed = None
+            return self.ws is None
+        return False
 
     async def caller_audio(self, pcm: bytes, rate: int) -> None:
         """The caller's voice, for the bot's recognizer, as 20 ms PCM16 frames if it asked."""

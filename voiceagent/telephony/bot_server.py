@@ -42,8 +42,8 @@ async def serve_bot(host: CallHost, ws: WebSocket) -> None:
     if call.bot.attached or call.ended.is_set():
         await _refuse(ws, ErrorCode.CALL_ALREADY_ATTACHED, "another bot drives that call")
         return
-    await call.attach_bot(ws, caller_rate)
     try:
+        await call.attach_bot(ws, caller_rate)  # (a bot gone already: it leaves at once)
         while not call.ended.is_set():
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":

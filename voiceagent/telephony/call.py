@@ -154,6 +154,7 @@ class Call:
         )
         self.runner = SessionRunner(self.core, host.engine, transport, host.playout, host.admission)
         self.ended = asyncio.Event()
+        self.hung_up = False  # this side ended the call (the bot asked, or no bot came)
         self._timer: asyncio.Task[None] | None = None
 
     def start(self) -> list[dict[str, Any]]:
@@ -188,9 +189,7 @@ class Call:
         log.info("call %s: bot attached", self.info.call_id)
 
     def detach_bot(self, ws: WebSocket) -> None:
-        was = self.bot.ws is ws
-        self.bot.detach(ws)
-        if was and not self.ended.is_set():
+        if self.bot.detach(ws) and not self.ended.is_set():
             log.info("call %s: bot left", self.info.call_id)
             self._expect_bot(self.host.telephony.bot_grace_s, "the bot left")
 
@@ -198,11 +197,15 @@ class Call:
         kind = _type(text)
         if kind == "call.hangup":
             log.info("call %s: the bot hangs up", self.info.call_id)
-            await self.transport.hangup()
+            await self.hang_up()
         elif kind == "session.attach":
             await self.bot.send(error_event(ErrorCode.CALL_ALREADY_ATTACHED, "already attached"))
         else:
             await self.runner.on_text(text)
+
+    async def hang_up(self) -> None:
+        self.hung_up = True
+        await self.transport.hangup()
 
     def _expect_bot(self, timeout_s: float, why: str) -> None:
         """Hang up unless a bot is attached within `timeout_s` (nobody would speak)."""
@@ -211,7 +214,7 @@ class Call:
             await asyncio.sleep(timeout_s)
             if not self.bot.attached and not self.ended.is_set():
                 log.warning("call %s: %s; hanging up", self.info.call_id, why)
-                await self.transport.hangup()
+                await self.hang_up()
 
         if self._timer is not None:
             self._timer.cancel()
@@ -276,8 +279,8 @@ async def run_call(
         for error in call.start():
             await call.bot.send(error)
         async for event in events:
-            if isinstance(event, Stopped):
-                reason = event.reason
+            if isinstance(event, Stopped):  # (our own hang-up ends the stream too)
+                reason = "hangup" if call.hung_up else event.reason
                 break
             await call.on_event(event)
     except Exception:
