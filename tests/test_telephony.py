@@ -186,9 +186,40 @@ def test_the_bot_may_attach_first_and_receive_the_callers_audio_at_16_khz(
                     received.append(frames.unpack(msg))
             assert {(f.codec, f.turn) for f in received} == {("pcm16", 0)}
             assert all(len(f.payload) == 640 for f in received)  # 20 ms at 16 kHz
-            assert [f.pts_ms for f in received[:3]] == [0, 20, 40]
+            # on the call's timeline: from its first audio (a frame or so may pass
+            # before the waiting bot is attached), 20 ms apart
+            first = received[0].pts_ms
+            assert first <= 100 and [f.pts_ms - first for f in received[:3]] == [0, 20, 40]
             pcm = np.frombuffer(b"".join(f.payload for f in received), dtype="<i2")
             assert has_sound(pcm)
+
+    run(go())
+
+
+def test_a_bot_attached_late_hears_the_caller_on_the_same_timeline_as_speech_started(
+    make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray
+) -> None:
+    # What was seen: a bot attached 2 s into the call got frames stamped from 0, while
+    # speech_started said 2,620 ms: 2 s apart.
+    server = make_server()
+    tok = token()
+
+    async def go() -> None:
+        async with twilio(server, token=tok) as call:
+            await asyncio.sleep(1.5)  # the call streams silence; no bot yet
+            bot, _ = await attached(server, tok, caller_audio_rate=16000)
+            call.say(caller_speech)
+            started, loud_at = None, None
+            while started is None or loud_at is None:
+                msg = await asyncio.wait_for(bot.ws.recv(), 10)
+                if isinstance(msg, bytes):
+                    frame = frames.unpack(msg)
+                    if loud_at is None and has_sound(np.frombuffer(frame.payload, "<i2")):
+                        loud_at = frame.pts_ms
+                elif json.loads(msg)["type"] == "speech_started":
+                    started = json.loads(msg)["t_ms"]
+            assert loud_at >= 1500
+            assert abs(started - loud_at) <= 100, (started, loud_at)
 
     run(go())
 

@@ -38,6 +38,7 @@ class BotLink:
         self._resampler: StreamResampler | None = None
         self._pending = b""  # resampled caller audio short of a whole frame
         self._caller_seq = 0
+        self._caller_ms = 0.0  # caller audio since the call began, bot or no bot
 
     @property
     def attached(self) -> bool:
@@ -79,13 +80,18 @@ class BotLink:
         return False
 
     async def caller_audio(self, pcm: bytes, rate: int) -> None:
-        """The caller's voice, for the bot's recognizer, as 20 ms PCM16 frames if it asked."""
+        """The caller's voice, for the bot's recognizer, as 20 ms PCM16 frames if it asked,
+        stamped on the call's timeline (that of `speech_started`), which runs from the
+        call's start whether a bot is attached or not."""
+        at_ms = self._caller_ms
+        self._caller_ms += len(pcm) // 2 * 1000 / rate
         ws = self.ws
         if ws is None or not self._caller_rate:
             return
         if self._resampler is None or self._resampler.in_rate != rate:
             self._resampler = StreamResampler(rate, self._caller_rate)
             self._pending = b""
+            self._caller_seq = round(at_ms / FRAME_MS)
         x = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
         y = self._resampler.process(x)  # soxr hands out what it has: any length
         self._pending += np.clip(np.rint(y * 32768), -32768, 32767).astype("<i2").tobytes()
