@@ -9,6 +9,7 @@ it in test_prometheus.py). SIGTERM goes to a real `voiceagent serve` process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import logging
@@ -38,6 +39,7 @@ from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.session.playout import PlayoutConfig
 from voiceagent.session.port import Transport
 from voiceagent.session.runner import SessionRunner
+from voiceagent.transport.guard import GuardConfig
 
 UNPACED = PlayoutConfig(lead_ms=100_000)  # audio leaves as soon as it exists
 LONG_TEXT = "This answer runs on for a while, so that it is still playing. " * 3
@@ -208,6 +210,54 @@ def test_a_session_closed_the_moment_its_turn_is_done_counts_the_turn_once(
     assert turns.labels("websocket", "closed")._value.get() == 0
 
 
+def test_a_cancelled_turn_whose_client_leaves_before_its_report_is_still_counted(
+    make_server,
+) -> None:
+    # What was seen: with playback reports on, a cancel waits for the client's report;
+    # a client that hung up first left the turn counted nowhere and logged nowhere.
+    server = make_server()
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start(playback={"reports": True, "timeout_ms": 5000})
+            await c.send({"type": "speak", "text": "A long enough answer. " * 6, "turn_id": "a"})
+            while not isinstance(await ws.recv(), bytes):
+                pass
+            await c.send({"type": "cancel", "turn_id": "a"})
+        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+
+    run(go())
+    samples = scrape(server)
+    assert value(samples, "voiceagent_turns_total", transport="websocket", outcome="cancelled") == 1
+
+
+def test_every_error_a_client_is_told_is_counted(make_server) -> None:
+    # What was seen: the rate limit's warnings and the drop-in sockets' errors reached
+    # their clients but not voiceagent_errors_total.
+    server = make_server(guard=GuardConfig(messages_per_s=5, message_burst=2))
+
+    async def go() -> int:
+        told = 0
+        async with connect(server.url) as ws:
+            await Client(ws).start()
+            for _ in range(8):
+                await ws.send(json.dumps({"type": "ping"}))
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    event = json.loads(await asyncio.wait_for(ws.recv(), 2.5))
+                    told += event.get("code") == "rate_limited"
+        async with websockets.connect(server.url.replace("/v1/ws", "/tts/websocket")) as ws:
+            await ws.send("{not json")
+            assert json.loads(await ws.recv())["error_code"] == "invalid_json"
+        return told
+
+    told = run(go())
+    samples = scrape(server)
+    assert told >= 1 and value(samples, "voiceagent_errors_total", code="rate_limited") == told
+    assert value(samples, "voiceagent_errors_total", code="invalid_json") == 1
+
+
 def test_ttfa_histogram_matches_what_the_client_was_told(make_server) -> None:
     server = make_server()
 
@@ -278,9 +328,14 @@ def test_json_logs_have_one_summary_line_per_turn_with_ids_and_never_the_text(
                 return str(created["session_id"])
 
         session_id = run(go())
+        # a drop-in API's turn has its line too (it had none)
+        body = {"model": "tts-1", "voice": "agent", "input": secret, "response_format": "pcm"}
+        assert httpx.post(f"{server.http}/v1/audio/speech", json=body).status_code == 200
     finally:
         configure_logging("warning", "text")  # back to a quiet default for later tests
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    [openai] = [e for e in lines if e["event"] == "turn.end" and e["transport"] == "openai"]
+    assert openai["outcome"] == "done" and openai["ttfa_ms"] > 0 and openai["audio_s"] > 0
     # (the log is the process's: a turn of an earlier test's server may end meanwhile)
     ends = [e for e in lines if e["event"] == "turn.end" and e.get("session_id") == session_id]
     assert len(ends) == 1

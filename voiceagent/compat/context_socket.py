@@ -65,8 +65,12 @@ class ContextSocket(ABC):
         """The context's last audio has been sent."""
 
     @abstractmethod
+    async def write_error(self, context_id: str | None, error: ApiError) -> None:
+        """A refusal or failure, of one context or of the socket, in the API's shape."""
+
     async def send_error(self, context_id: str | None, error: ApiError) -> None:
-        """A refusal or failure, of one context or of the socket."""
+        self.host.engine.metrics.errors.labels(str(error.code)).inc()
+        await self.write_error(context_id, error)
 
     def open(self, context_id: str, options: SpeechOptions) -> Utterance:
         """A new context (raises ApiError: unknown voice, server busy, ...)."""

@@ -281,7 +281,7 @@ class ElevenLabsSocket(ContextSocket):
         self.state.pop(cid, None)
         await self.send_json({"isFinal": True, **self._ids(cid)})
 
-    async def send_error(self, context_id: str | None, error: ApiError) -> None:
+    async def write_error(self, context_id: str | None, error: ApiError) -> None:
         """ElevenLabs' error message: `error` (our stable code) and `message`. One that
         ends a context (its synthesis failed) is followed by the context's isFinal."""
         message = {"error": str(error.code), "message": error.message}

@@ -248,12 +248,24 @@ class Utterance:
         self.host.admission.turn_ended()
         for hook in self.on_close:
             hook()
-        metrics = self.host.engine.metrics
+        metrics, stats = self.host.engine.metrics, self.turn.stats
         metrics.turns.labels(self.api, self._outcome).inc()
         if self._outcome == "done":
-            metrics.audio_seconds.labels(self.api).inc(self.turn.stats.audio_ms / 1000)
-            if self.turn.stats.rtf is not None:
-                metrics.rtf.observe(self.turn.stats.rtf)
+            metrics.audio_seconds.labels(self.api).inc(stats.audio_ms / 1000)
+            if stats.rtf is not None:
+                metrics.rtf.observe(stats.rtf)
+        # the one summary line per turn, as sessions write it (docs/operations.md)
+        fields = {
+            "turn_id": self.turn.id,
+            "outcome": self._outcome,
+            "transport": self.api,
+            "ttfa_ms": None
+            if self.first_audio is None
+            else round((self.first_audio - stats.created) * 1000, 1),
+            "audio_s": round(stats.audio_ms / 1000, 3),
+            "rtf": stats.rtf,
+        }
+        log.info("turn.end", extra={k: v for k, v in fields.items() if v is not None})
 
 
 async def streamed(

@@ -103,7 +103,9 @@ class SessionRunner:
         self._playing: tuple[int, asyncio.Task[None]] | None = None
         self._playouts: dict[int, TurnPlayout] = {}  # turns that have sent audio
         self._admitted: set[int] = set()  # turns holding one of the server's live slots
-        self._waits: set[asyncio.Task[None]] = set()  # for listeners' reports after a cancel
+        # for listeners' reports after a cancel: each turn's number and what the server
+        # knows it heard, the answer if none comes
+        self._waits: dict[asyncio.Task[None], tuple[int, Heard]] = {}
         self.gain = 1.0  # applied to each frame as it is encoded (ducking)
         self._idle_at = asyncio.get_running_loop().time()  # when the last turn ended
         # when the listener will have played all it was sent (monotonic): the next turn's
@@ -172,8 +174,12 @@ class SessionRunner:
         playing = None if self._playing is None else self._playing[1]
         if playing is not None:
             playing.cancel()
-        for task in self._waits:
+        for task, (num, heard) in list(self._waits.items()):
             task.cancel()
+            # the client is gone before its report: the turn still ends (counted, logged)
+            for action in self.core.stopped(num, heard.ms, heard.source):
+                if isinstance(action, SendEvent):
+                    self._observe(action.event)
         for turn in self._turns.values():
             turn.close()
             self.metrics.turns.labels(self.transport.name, "closed").inc()
@@ -293,8 +299,8 @@ class SessionRunner:
                 await self.execute(self.core.stopped(action.num, heard.ms, heard.source))
 
         task = asyncio.get_running_loop().create_task(fall_back())
-        self._waits.add(task)
-        task.add_done_callback(self._waits.discard)
+        self._waits[task] = (action.num, heard)
+        task.add_done_callback(lambda done: self._waits.pop(done, None))
 
     def _turn_settings(self, s: Settings, encoder: Encoder) -> TurnSettings:
         sp = s.sampling

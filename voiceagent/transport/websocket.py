@@ -20,7 +20,7 @@ from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.frames import AudioFrame, pack
 from ..protocol.messages import Format
-from ..protocol.session import SendAudio, SessionCore, error_event
+from ..protocol.session import SendAudio, SendEvent, SessionCore, error_event
 from ..session.port import SessionHost, Transport
 from ..session.runner import SessionRunner
 from ..telephony.events import CallerAudio, CallInfo, CarrierEvent, Invalid, MarkEchoed
@@ -154,7 +154,7 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
                 ended = ErrorCode.RATE_LIMITED
                 continue
             if verdict is Verdict.WARN:
-                await transport.send_event(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE))
+                await runner.execute([SendEvent(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE))])
             # Over the rate, wait before the next read: uvicorn reads no more from this
             # socket meanwhile, so TCP holds the client back. Within it, still yield once:
             # a burst already read must not hold up other sessions' paced frames.
@@ -225,4 +225,5 @@ async def act_on_forwarded(
     elif isinstance(event, CallerAudio):
         await runner.hear(np.frombuffer(event.pcm, dtype="<i2"), MULAW_RATE)
     elif isinstance(event, Invalid):
-        await transport.send_event(error_event(ErrorCode.INVALID_CARRIER_MESSAGE, event.reason))
+        error = error_event(ErrorCode.INVALID_CARRIER_MESSAGE, event.reason)
+        await runner.execute([SendEvent(error)])
