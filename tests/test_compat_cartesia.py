@@ -412,6 +412,37 @@ def test_bad_messages_get_coded_errors_and_the_socket_stays_up(server):
     assert live_turns(server) == 0
 
 
+def test_a_context_s_flush_groups_share_its_one_live_turn_slot(make_server):
+    # What was seen: each flush group took a slot of its own, so with three slots a
+    # context of four flushed sentences was refused (server_busy) and cancelled whole.
+    server = make_server(max_live_turns=3)
+    good = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(), "context_id": "c"}
+
+    async def go() -> tuple[list[dict[str, Any]], set[int]]:
+        async with websockets.connect(ws_url(server)) as ws:
+            for i in range(4):
+                await ws.send(
+                    json.dumps(
+                        {**good, "transcript": f"Sentence {i}.", "continue": True, "flush": True}
+                    )
+                )
+            await ws.send(json.dumps({**good, "transcript": "", "continue": False}))
+            replies, slots = [], set()
+            while not replies or replies[-1]["type"] not in ("done", "error"):
+                reply = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                if reply["type"] == "chunk":
+                    slots.add(live_turns(server))  # while its audio comes
+                else:
+                    replies.append(reply)
+            return replies, slots
+
+    replies, slots = run(go())
+    assert slots == {1}
+    assert [r["type"] for r in replies] == ["flush_done"] * 4 + ["done"], replies
+    assert [r["flush_id"] for r in replies[:4]] == [1, 2, 3, 4]
+    assert live_turns(server) == 0
+
+
 def test_bytes_refuses_bad_requests_with_an_http_status_and_a_code(server):
     good = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(), "transcript": SHORT}
     cases = [

@@ -27,6 +27,7 @@ import base64
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,6 +132,7 @@ class _Context:
     samples: int = 0  # audio sent so far, at the output rate
     part_start: int = 0  # `samples` when the sending group's audio began
     last_sent: float = field(default_factory=time.monotonic)
+    release: Callable[[], None] | None = None  # gives back the context's live-turn slot
 
     def add(self, utterance: Utterance) -> _Part:
         part = _Part(utterance, len(self.made) + 1)
@@ -148,6 +150,9 @@ class _Context:
         self.stop_timer()
         for part in self.made:
             part.utterance.close()
+        release, self.release = self.release, None
+        if release is not None:
+            release()
 
     def step_ms(self) -> float:
         now = time.monotonic()
@@ -229,6 +234,12 @@ class CartesiaSocket(ContextSocket):
         if flush or not go_on:
             ctx.stop_timer()
             if flush and go_on:  # later text is the next group's
+                if ctx.parts.qsize() >= self.host.limits.max_turns:
+                    raise ApiError(
+                        ErrorCode.TURN_QUEUE_FULL,
+                        f"at most {self.host.limits.max_turns} flush groups may wait in a context",
+                        429,
+                    )
                 ctx.add(self._utterance(context_id, ctx.gen))
             else:
                 ctx.taking = None
@@ -248,7 +259,8 @@ class CartesiaSocket(ContextSocket):
             part.utterance.flush()
 
     def _utterance(self, context_id: str, gen: Generation) -> Utterance:
-        return Utterance(self.host, self.principal, gen.options, self.api, context_id)
+        """A flush group's turn: the context holds the live-turn slot for all of them."""
+        return Utterance(self.host, self.principal, gen.options, self.api, context_id, slot=False)
 
     def _open(self, context_id: str, gen: Generation) -> _Context:
         limit = self.host.limits.max_turns
@@ -256,8 +268,15 @@ class CartesiaSocket(ContextSocket):
             raise ApiError(
                 ErrorCode.TURN_QUEUE_FULL, f"at most {limit} contexts are live on one socket", 429
             )
-        first = self._utterance(context_id, gen)
-        ctx = _Context(context_id, gen)
+        admission = self.host.admission
+        if (refusal := admission.admit_turn(self.principal.tenant)) is not None:
+            raise ApiError(refusal.code, refusal.message)
+        try:
+            first = self._utterance(context_id, gen)
+        except BaseException:
+            admission.turn_ended()
+            raise
+        ctx = _Context(context_id, gen, release=admission.turn_ended)
         ctx.add(first)
         self._contexts[context_id] = ctx
         self.contexts[context_id] = first

@@ -142,9 +142,12 @@ class Utterance:
         api: str,
         turn_id: str | None = None,
         voice: Voice | None = None,
+        slot: bool = True,
     ) -> None:
         """Raises ApiError when the voice is unknown or no live-turn slot is free.
-        `voice`: one made for this request alone (else `options.voice` names it)."""
+        `voice`: one made for this request alone (else `options.voice` names it).
+        `slot`: False where the caller holds the live-turn slot itself (one for all
+        the flush groups of a Cartesia context)."""
         self.host = host
         self.api = api  # the metrics' transport label: "openai", "cartesia", ...
         self.tenant = principal.tenant
@@ -154,9 +157,9 @@ class Utterance:
         self.options = options
         if not 0.5 <= options.speed <= 2.0:
             raise ApiError(ErrorCode.INVALID_PARAMETER, "speed must be within 0.5 and 2.0")
-        refusal = host.admission.admit_turn(self.tenant)
-        if refusal is not None:
+        if slot and (refusal := host.admission.admit_turn(self.tenant)) is not None:
             raise ApiError(refusal.code, refusal.message)
+        self._slot = slot
         self.chars = 0
         self._closed = False
         self._outcome = "cancelled"  # unless it ends otherwise
@@ -245,7 +248,8 @@ class Utterance:
             return
         self._closed = True
         self.turn.close()
-        self.host.admission.turn_ended()
+        if self._slot:
+            self.host.admission.turn_ended()
         for hook in self.on_close:
             hook()
         metrics, stats = self.host.engine.metrics, self.turn.stats
