@@ -28,7 +28,7 @@ import torch
 from conftest import run
 from prometheus_client.parser import text_string_to_metric_families
 
-from voiceagent.bench.clients import Client, connect
+from voiceagent.bench.clients import Client, TurnResult, connect
 from voiceagent.engine.embedded import EmbeddedEngine
 from voiceagent.engine.sglang.client import SGLangLM
 from voiceagent.engine.sglang.export import META, export_sglang
@@ -180,13 +180,24 @@ def test_eight_sessions_stream_through_sglang_and_report_cached_tokens(sglang, t
             async with connect(vs.url) as ws:
                 c = Client(ws)
                 await c.start(voice=voices[i % 3], sampling={"seed": i})
+                got = TurnResult()
                 try:
                     progress[i] = f"first turn from {time.monotonic():.1f}"
-                    first = await c.speak(f"Caller {i} is on the line.")
+                    await c.send({"type": "speak", "text": f"Caller {i} is on the line."})
+                    first = await c.turn(into=got)
                     progress[i] = f"second turn from {time.monotonic():.1f}"
-                    again = await c.speak(f"Caller {i} is on the line.")
+                    got = TurnResult()
+                    await c.send({"type": "speak", "text": f"Caller {i} is on the line."})
+                    again = await c.turn(into=got)
                 except TimeoutError:
-                    progress[i] += f", SGLang requests open then: {sorted(lm._active)}"
+                    acoustic = vs.engine.acoustic
+                    progress[i] += (
+                        f", with {len(got.frames)} frames and events "
+                        f"{[e['type'] for e in got.events]}; then SGLang requests open: "
+                        f"{sorted(lm._active)}, acoustic chunks queued "
+                        f"{acoustic._jobs.qsize()}, in work {acoustic.working}, rounds "
+                        f"{acoustic.rounds}"
+                    )
                     raise
                 progress[i] = "done"
                 return first, again

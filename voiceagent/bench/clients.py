@@ -78,11 +78,15 @@ class Client:
         return event
 
     async def turn(
-        self, until: tuple[str, ...] = ("turn.done",), timeout: float | None = 60
+        self,
+        until: tuple[str, ...] = ("turn.done",),
+        timeout: float | None = 60,
+        into: TurnResult | None = None,
     ) -> TurnResult:
         """Collect events and frames until an event of a type in `until` (or an error
-        for a turn) arrives; `timeout` None waits as long as it takes."""
-        result = TurnResult()
+        for a turn) arrives; `timeout` None waits as long as it takes. `into`: collect
+        there (a caller whose wait times out still sees what came)."""
+        result = TurnResult() if into is None else into
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if deadline is None:

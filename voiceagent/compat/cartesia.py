@@ -330,6 +330,7 @@ class CartesiaSocket(ContextSocket):
                 del self._pumps[ctx.id]
                 del self.contexts[ctx.id]
                 del self._contexts[ctx.id]
+                self._note_if_idle()
 
     async def send_audio(self, context_id: str, pcm: np.ndarray) -> None:
         ctx = self._contexts[context_id]
