@@ -437,7 +437,7 @@ def test_a_context_s_flush_groups_share_its_one_live_turn_slot(make_server):
             return replies, slots
 
     replies, slots = run(go())
-    assert slots == {1}
+    assert max(slots) == 1  # (0 too, for chunks read after the context has ended)
     assert [r["type"] for r in replies] == ["flush_done"] * 4 + ["done"], replies
     assert [r["flush_id"] for r in replies[:4]] == [1, 2, 3, 4]
     assert live_turns(server) == 0
