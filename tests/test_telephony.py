@@ -262,6 +262,15 @@ def test_telnyx_and_vonage_calls_hear_the_bot_get_cleared_and_deliver_dtmf(
             assert abs(cancelled["played_ms"] - truth) <= 60, (cancelled, truth)
             await call.send_dtmf("#")
             assert (await until(bot, "dtmf"))["digit"] == "#"
+            # the carrier's own errors reach the bot (they were dropped unseen)
+            if carrier == "telnyx":
+                error = {"code": "100003", "title": "malformed frame"}
+                await call.send_raw(json.dumps({"event": "error", "payload": error}))
+            else:
+                await call.send_raw(json.dumps({"event": "websocket:error", "reason": "oops"}))
+            reported = await until(bot, "error")
+            assert reported["code"] == "carrier_error"
+            assert ("malformed frame" if carrier == "telnyx" else "oops") in reported["message"]
             assert not call.violations, call.violations
 
     run(go())

@@ -36,6 +36,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_CALL = "unknown_call"  # no call with that token arrived in time
     CALL_ALREADY_ATTACHED = "call_already_attached"  # another bot drives that call
     INVALID_CARRIER_MESSAGE = "invalid_carrier_message"  # the carrier broke its schema
+    CARRIER_ERROR = "carrier_error"  # the carrier reported an error of its own
     # the drop-in APIs (docs/compat.md)
     UNKNOWN_MODEL = "unknown_model"  # a model name the server does not offer
     UNKNOWN_CONTEXT = "unknown_context"  # a context id that is not open on this socket

@@ -31,6 +31,7 @@ from .bot import MIN_TOKEN_CHARS, BotLink
 from .events import (
     CallerAudio,
     CallInfo,
+    CarrierError,
     CarrierEvent,
     Dtmf,
     Ignored,
@@ -238,6 +239,12 @@ class Call:
             log.warning("call %s (%s): %s", self.info.call_id, self.info.carrier, event.reason)
             self.host.engine.metrics.errors.labels(ErrorCode.INVALID_CARRIER_MESSAGE).inc()
             await self.bot.send(error_event(ErrorCode.INVALID_CARRIER_MESSAGE, event.reason))
+        elif isinstance(event, CarrierError):
+            log.warning(
+                "call %s (%s) error: %s", self.info.call_id, self.info.carrier, event.detail
+            )
+            self.host.engine.metrics.errors.labels(ErrorCode.CARRIER_ERROR).inc()
+            await self.bot.send(error_event(ErrorCode.CARRIER_ERROR, event.detail))
         elif isinstance(event, Started):
             log.warning("call %s: a second start ignored", self.info.call_id)
         else:

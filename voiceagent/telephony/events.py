@@ -71,10 +71,20 @@ class Invalid:
 
 
 @dataclass(frozen=True)
+class CarrierError:
+    """The carrier says something went wrong on its side (Telnyx `error`, Vonage
+    `websocket:error`): logged, reported to the bot; the call goes on."""
+
+    detail: str
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A valid message with nothing to do (connected, cleared, status...)."""
 
     what: str
 
 
-CarrierEvent = Started | CallerAudio | Dtmf | MarkEchoed | Stopped | Invalid | Ignored
+CarrierEvent = (
+    Started | CallerAudio | Dtmf | MarkEchoed | Stopped | Invalid | CarrierError | Ignored
+)

@@ -23,6 +23,7 @@ from ..audio.codecs import alaw_decode, mulaw_decode
 from .events import (
     CallerAudio,
     CallInfo,
+    CarrierError,
     CarrierEvent,
     Dtmf,
     Ignored,
@@ -129,8 +130,10 @@ class JsonStream(Dialect):
         event = msg["event"]
         if event == "start":
             return self._start(msg)
-        if event in ("connected", "error"):
+        if event == "connected":
             return Ignored(event)
+        if event == "error":
+            return CarrierError(_detail(msg.get("payload", msg.get("error"))))
         if self.info is None:
             return Invalid(f"'{event[:32]}' before 'start'")
         if event == "media":
@@ -235,7 +238,9 @@ class VonageStream(Dialect):
         if event == "websocket:notify":
             name = _get(msg, "payload", "name")
             return MarkEchoed(name) if isinstance(name, str) else Ignored(event)
-        if event in ("websocket:cleared", "websocket:error"):
+        if event == "websocket:error":
+            return CarrierError(_detail({k: v for k, v in msg.items() if k != "event"}))
+        if event == "websocket:cleared":
             return Ignored(event)
         return Invalid(f"unknown event '{event[:32]}'")
 
@@ -299,3 +304,8 @@ def _string_params(params: dict[Any, Any]) -> dict[str, str]:
         if isinstance(key, str) and isinstance(value, str | int | float | bool):
             out[key[:64]] = str(value)[:512]
     return out
+
+
+def _detail(what: object) -> str:
+    """A carrier's error, short enough for a log line and an event (its own words)."""
+    return json.dumps(what, default=str)[:300] if what is not None else "no detail"
