@@ -34,8 +34,10 @@ from voiceagent.bench.clients import Client, connect
 from voiceagent.protocol import frames
 from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.session.playout import PlayoutConfig
+from voiceagent.telephony import marks
 from voiceagent.telephony.bot import BotLink
 from voiceagent.telephony.call import TelephonyConfig
+from voiceagent.telephony.marks import MarkBook
 
 LONG = (
     "Thank you for calling the support line. Your call matters to us, and an agent will "
@@ -710,3 +712,15 @@ def test_phone_audio_has_no_seams_a_streamed_turn_sounds_as_if_rendered_in_one_p
         assert diff.max() < 0.1 * peak, (diff.max(), peak, int(diff.argmax()))
 
     run(go())
+
+
+def test_the_mark_book_stays_small_when_marks_are_echoed_or_never_are() -> None:
+    book = MarkBook(every_frames=1)
+    names = [book.sent(1) for _ in range(10)]
+    assert book.echoed(str(names[4])) == (1, 100)
+    assert book.echoed(str(names[2])) is None  # before an echo: done with already
+    assert book.echoed(str(names[5])) == (1, 120)
+    # a carrier that never echoes (old Asterisk) does not grow the book without end
+    for _ in range(3 * marks.MAX_PENDING):
+        book.sent(2)
+    assert len(book._pending) == marks.MAX_PENDING

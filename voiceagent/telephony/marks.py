@@ -11,6 +11,10 @@ from __future__ import annotations
 from ..audio.format import FRAME_MS
 
 PREFIX = "va"
+# Marks awaiting their echo at most (ten a second of speech: over eight minutes). A
+# carrier that never echoes (Asterisk before 20.18 ignores MARK_MEDIA) must not make the
+# book grow for the whole call: beyond this the oldest are forgotten.
+MAX_PENDING = 5000
 
 
 class MarkBook:
@@ -42,10 +46,16 @@ class MarkBook:
 
     def echoed(self, name: str) -> tuple[int, int] | None:
         """(turn number, ms the caller has heard) for a real echo; None for a mark that was
-        cleared or is not ours."""
-        return self._pending.pop(name, None)
+        cleared or is not ours. Carriers echo in order, so the marks before it are done
+        with too."""
+        heard = self._pending.pop(name, None)
+        if heard is not None:
+            self._pending = {n: at for n, at in self._pending.items() if at > heard}
+        return heard
 
     def _name(self, num: int, frames: int) -> str:
         name = f"{PREFIX}:{num}:{frames * FRAME_MS}"
+        if len(self._pending) >= MAX_PENDING:
+            del self._pending[next(iter(self._pending))]
         self._pending[name] = (num, frames * FRAME_MS)
         return name
