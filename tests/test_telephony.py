@@ -529,7 +529,9 @@ def test_a_bot_that_keeps_its_twilio_stream_forwards_our_messages_and_barge_in_w
     events: list[dict[str, Any]] = []
 
     async def bot(twilio_ws: Any) -> None:
+        early = []
         async for message in twilio_ws:  # connected, then start
+            early.append(message)
             if json.loads(message)["event"] == "start":
                 sid = json.loads(message)["streamSid"]
                 break
@@ -539,6 +541,8 @@ def test_a_bot_that_keeps_its_twilio_stream_forwards_our_messages_and_barge_in_w
                 format={"codec": "mulaw", "framing": "twilio", "stream_sid": sid},
                 barge_in={"mode": "cancel"},
             )
+            for message in early:  # a relay forwards these too (seen: "a second 'start'")
+                await va.send(message)
             await session.send({"type": "speak", "text": LONG})
 
             async def down() -> None:

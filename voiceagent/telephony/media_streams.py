@@ -151,9 +151,13 @@ class JsonStream(Dialect):
         return Invalid(f"unknown event '{event[:32]}'")
 
     def _start(self, msg: dict[str, Any]) -> CarrierEvent:
-        if self.info is not None:
-            return Invalid("a second 'start'")
         start = msg.get("start")
+        if self.info is not None:
+            # the stream's own start again: a bot that forwards Twilio's messages to a
+            # session (twilio framing) sends it after the session knows the stream
+            stream = msg.get(self.f.stream) or _get(msg, "start", self.f.stream)
+            same = stream == self.info.stream_id
+            return Ignored("start") if same else Invalid("a second 'start'")
         if not isinstance(start, dict):
             return Invalid("'start' without its 'start' object")
         fmt = start.get(self.f.media_format)
