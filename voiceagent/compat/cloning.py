@@ -11,6 +11,7 @@ Both read JSON (audio in base64) or multipart/form-data (audio in a file part).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import Any
@@ -152,7 +153,7 @@ class Cloning:
         encoder = make_stream_encoder(req.format, req.sample_rate)
         if req.stream:
             return await streamed(utterance, encoder, encoder.content_type, _refusal)
-        return await _whole(utterance, encoder, encoder.content_type)
+        return await _whole(request, utterance, encoder, encoder.content_type)
 
     async def openai_voice(self, request: Request) -> Response:
         """OpenAI's `POST /v1/audio/voices` (multipart: `audio_sample`, `name`, `consent`):
@@ -194,13 +195,33 @@ def _check_size(audio: bytes) -> None:
         )
 
 
-async def _whole(utterance: Utterance, encoder: Encoder, media_type: str) -> Response:
-    """The whole file in one body, with its length (for clients that want a file)."""
+async def _whole(
+    request: Request, utterance: Utterance, encoder: Encoder, media_type: str
+) -> Response:
+    """The whole file in one body, with its length (for clients that want a file). A
+    client that hangs up meanwhile stops the synthesis, as a streaming one does."""
     parts: list[bytes] = []
-    try:
+
+    async def collect() -> None:
         async for pcm in utterance.pcm():
             parts.append(encoder.encode(pcm))
         parts.append(encoder.finish())
+
+    async def hung_up() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.2)
+
+    try:
+        work = asyncio.ensure_future(collect())
+        watch = asyncio.ensure_future(hung_up())
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (work, watch):
+                task.cancel()
+        if not work.done() or work.cancelled():
+            return Response(status_code=499)  # nobody to answer: the turn is cancelled
+        work.result()  # (its ApiError, if it failed)
     except ApiError as exc:
         return _refusal(exc)
     finally:

@@ -1,10 +1,12 @@
-"""A role (roles.toml: a voice with defaults) works by name in every drop-in API, as in a
-session: its defaults fill in what a request does not set, and a request's own settings
-win. What was seen: OpenAI and /v1/tts applied a role's seed and speed, but Cartesia and
-ElevenLabs spoke the role's voice with their own defaults."""
+"""What every drop-in API's requests share. A role (roles.toml: a voice with defaults)
+works by name in each, as in a session: its defaults fill in what a request does not
+set, and a request's own settings win (what was seen: OpenAI and /v1/tts applied a
+role's seed and speed, but Cartesia and ElevenLabs spoke the role's voice with their own
+defaults). And a client that hangs up stops its synthesis, streaming or not."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -59,3 +61,20 @@ def test_a_role_s_defaults_apply_and_a_request_s_own_settings_win(
     assert audio(api("support")) == as_the_role_says
     assert audio(api(voice)) != as_the_role_says  # (the defaults do change the audio)
     assert audio(api("support", seed=9, speed=1.5)) == audio(api(voice, seed=9, speed=1.5))
+
+
+def test_tts_without_streaming_stops_when_its_client_hangs_up(make_server, tiny_model):
+    # What was seen: with `stream: false` the whole text was still made (and its slot
+    # held) after the client had gone; streaming requests stop at once.
+    server = make_server()
+    voice = next(iter(tiny_model.voices))
+    body = {"voice": voice, "text": "A long answer that takes a while. " * 30, "stream": False}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.http + "/v1/tts", json=body, timeout=0.5)
+    admission = server.voice_server.admission
+    deadline = time.monotonic() + 5
+    while admission.live_turns and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert admission.live_turns == 0
+    metrics = httpx.get(server.http + "/metrics").text
+    assert 'voiceagent_turns_total{outcome="cancelled",transport="tts"} 1.0' in metrics
