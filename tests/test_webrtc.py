@@ -393,3 +393,6 @@ def test_an_offer_never_completed_times_out(make_server):
         await until_no_sessions(server, "unconnected session was not dropped")
 
     run(go())
+    # operators see why (it was counted nowhere)
+    metrics = httpx.get(f"{server.http}/metrics").text
+    assert 'voiceagent_sessions_closed_total{reason="connect_timeout"} 1.0' in metrics

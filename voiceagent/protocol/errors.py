@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     SESSION_START_TIMEOUT = "session_start_timeout"  # no session.start in time: closed
     IDLE_TIMEOUT = "idle_timeout"  # no message and no live turn for too long: closed
     SLOW_CONSUMER = "slow_consumer"  # the client stopped reading (never sent: it can't be)
+    # a WebRTC peer that never connected (never sent: there is no channel to carry it)
+    CONNECT_TIMEOUT = "connect_timeout"
     # authentication and tenants (docs/security.md)
     UNAUTHORIZED = "unauthorized"  # no credential, or a wrong, revoked or expired one
     FORBIDDEN = "forbidden"  # a valid credential used outside its scope

@@ -229,6 +229,7 @@ class WebRtcSession:
                 self._inbox.put_nowait(message)
             except asyncio.QueueFull:
                 log.warning("session %s: control messages flooded in; closing", self.id)
+                self._count_closed(ErrorCode.RATE_LIMITED)
                 self.close_soon()
 
         @channel.on("close")
@@ -247,7 +248,13 @@ class WebRtcSession:
         await asyncio.sleep(self.config.connect_timeout_s)
         if self.pc.connectionState != "connected":
             log.info("session %s: not connected after %ss", self.id, self.config.connect_timeout_s)
+            self._count_closed(ErrorCode.CONNECT_TIMEOUT)
             self.close_soon()
+
+    def _count_closed(self, code: ErrorCode) -> None:
+        """The server ends this session on its own (voiceagent_sessions_closed_total)."""
+        if not self.closed.is_set() and self._closing is None:
+            self.gateway.host.engine.metrics.closed.labels(str(code)).inc()
 
     async def _watch(self, deadlines: Deadlines) -> None:
         """Close the session once it has waited too long for session.start, or idle (no
@@ -262,9 +269,8 @@ class WebRtcSession:
             if code is not None:
                 break
         log.info("session %s closed: %s", self.id, code)
-        metrics = self.gateway.host.engine.metrics
-        metrics.closed.labels(str(code)).inc()
-        metrics.errors.labels(str(code)).inc()
+        self._count_closed(code)
+        self.gateway.host.engine.metrics.errors.labels(str(code)).inc()
         with contextlib.suppress(ConnectionError):
             await self.transport.send_event(error_event(code, CLOSING[code]))
         await self.transport.close(CloseCode.POLICY_VIOLATION, str(code))
