@@ -267,14 +267,14 @@ class AvEncoder(StreamEncoder):
         self._out.mux(self._stream.encode(frame))
 
 
-def _mp3_bitrates(sample_rate: int) -> tuple[int, ...]:
+def mp3_bitrates(sample_rate: int) -> tuple[int, ...]:
     kbps = MP3_BITRATES_MPEG1 if sample_rate >= 32000 else MP3_BITRATES_MPEG2
     return tuple(k * 1000 for k in kbps)
 
 
 def _check_bitrate(fmt: str, bitrate: int, sample_rate: int) -> None:
     if fmt == "mp3":
-        allowed = _mp3_bitrates(sample_rate)
+        allowed = mp3_bitrates(sample_rate)
         if bitrate not in allowed:
             rates = ", ".join(map(str, allowed))
             raise ValueError(

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..audio.codecs import alaw_encode, float_to_int16, mulaw_encode
-from ..audio.containers import make_stream_encoder
+from ..audio.containers import make_stream_encoder, mp3_bitrates
 from ..audio.format import MODEL_RATE
 from ..model.sampling import SamplingParams
 from ..protocol.errors import ErrorCode
@@ -158,6 +158,11 @@ def parse_output_format(value: Any, containers: tuple[str, ...]) -> OutputFormat
     return OutputFormat(container, encoding, int(rate))
 
 
+# The bit rates Cartesia's SDK offers at every sample rate; where mp3 has no such rate
+# (192 kbit/s at 24 kHz and below), the nearest one below it is used.
+SDK_MP3_BIT_RATES = (32_000, 64_000, 96_000, 128_000, 192_000)
+
+
 def _mp3(value: dict[str, Any]) -> OutputFormat:
     rate, bit_rate = value.get("sample_rate"), value.get("bit_rate")
     if isinstance(rate, bool) or rate not in SAMPLE_RATES:
@@ -165,6 +170,8 @@ def _mp3(value: dict[str, Any]) -> OutputFormat:
         raise _invalid(f"output_format.sample_rate must be one of {rates}")
     if bit_rate is not None and (isinstance(bit_rate, bool) or not isinstance(bit_rate, int)):
         raise _invalid("output_format.bit_rate must be an integer (bit/s)")
+    if bit_rate in SDK_MP3_BIT_RATES:  # MPEG-2 (24 kHz and below) stops at 160 kbit/s
+        bit_rate = max(b for b in mp3_bitrates(int(rate)) if b <= bit_rate)
     fmt = OutputFormat("mp3", "mp3", int(rate), bit_rate)
     try:
         fmt.stream_encoder()  # says which bit rates mp3 has at this rate
