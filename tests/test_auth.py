@@ -235,6 +235,10 @@ def test_the_token_command_prints_a_demo_link_the_server_accepts(site, monkeypat
     assert link.startswith(site.http + "/?token=vt1.")
     token = link.split("token=", 1)[1]
     assert _get(site.http + "/v1/voices", headers=bearer(token))[0] == 200
+    # a lifetime of 0 or less is refused (0 quietly made one of the longest life)
+    for ttl in ("0", "-5"):
+        assert cli.main(["token", "--tenant", "demo", "--ttl", ttl]) == 2
+        assert "--ttl must be seconds > 0" in capsys.readouterr().err
 
 
 # -- tenants ----------------------------------------------------------------------------

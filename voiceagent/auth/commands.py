@@ -92,6 +92,9 @@ def token(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.ttl is not None and args.ttl <= 0:  # (0 made a token of the longest life)
+        print(f"error: --ttl must be seconds > 0, got {args.ttl}", file=sys.stderr)
+        return 2
     ttl = min(args.ttl or settings.auth.token_ttl_s, settings.auth.token_ttl_s)
     minted = tokens.mint(secret.encode(), args.tenant, ttl, args.voice)
     if args.url:
