@@ -192,6 +192,9 @@ def test_the_page_recovers_by_itself_when_the_server_restarts(
             " return s.connection === 'connected' && s.sessionStarted; }",
             timeout=30000,
         )
+        # The watcher samples on animation frames, which a busy browser runs late: let it
+        # draw the frame that shows the new state before it stops.
+        page.wait_for_function("() => window.__seen.at(-1).text === 'Connected'")
         seen = page.evaluate(UNWATCH)
         s = d.state()
         assert s["reconnects"] == 1 and s["transport"] == name and s["fallback"] is None
