@@ -456,6 +456,36 @@ def test_a_context_s_flush_groups_share_its_one_live_turn_slot(make_server):
     assert live_turns(server) == 0
 
 
+def test_a_draining_server_refuses_a_new_context_and_finishes_the_live_one(make_server):
+    server = make_server()
+    good = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw()}
+
+    async def go() -> tuple[list[dict[str, Any]], Any]:
+        async with websockets.connect(ws_url(server)) as ws:
+            live = {**good, "context_id": "a", "transcript": "Hello there,", "continue": True}
+            await ws.send(json.dumps(live))
+            while live_turns(server) == 0:  # (context a is open)
+                await asyncio.sleep(0.01)
+            drained = asyncio.wrap_future(server.drain(deadline_s=30))
+            while not server.voice_server.admission.draining:
+                await asyncio.sleep(0.01)
+            await ws.send(json.dumps({**good, "context_id": "b", "transcript": SHORT}))
+            await ws.send(json.dumps({**live, "transcript": " goodbye.", "continue": False}))
+            replies = []
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                while True:
+                    reply = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                    if reply["type"] != "chunk":
+                        replies.append(reply)
+            await asyncio.wait_for(drained, TIMEOUT)
+            return replies, closed.value.rcvd
+
+    replies, close = run(go())
+    assert [(r["context_id"], r["type"]) for r in replies] == [("b", "error"), ("a", "done")]
+    assert replies[0]["error_code"] == "server_draining"
+    assert close.code == 1001
+
+
 def test_bytes_refuses_bad_requests_with_an_http_status_and_a_code(server):
     good = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(), "transcript": SHORT}
     cases = [

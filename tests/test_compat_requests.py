@@ -78,3 +78,19 @@ def test_tts_without_streaming_stops_when_its_client_hangs_up(make_server, tiny_
     assert admission.live_turns == 0
     metrics = httpx.get(server.http + "/metrics").text
     assert 'voiceagent_turns_total{outcome="cancelled",transport="tts"} 1.0' in metrics
+
+
+def test_a_draining_server_refuses_new_requests_in_each_api_s_own_error_shape(
+    make_server, tiny_model
+):
+    """After SIGTERM a load balancer stops sending, but a request already on its way is
+    told to go elsewhere (503 server_draining), not started on a server about to exit."""
+    voice = next(iter(tiny_model.voices))
+    server = make_server()
+    server.drain(deadline_s=1.0).result(timeout=10)
+    for api in (openai, cartesia, elevenlabs, tts):
+        request = api(voice)
+        r = httpx.post(server.http + request.pop("url"), timeout=60, **request)
+        assert r.status_code == 503, (api.__name__, r.status_code, r.text)
+        assert "server_draining" in r.text, (api.__name__, r.text)
+        assert r.headers["retry-after"], api.__name__

@@ -269,7 +269,7 @@ class CartesiaSocket(ContextSocket):
                 ErrorCode.TURN_QUEUE_FULL, f"at most {limit} contexts are live on one socket", 429
             )
         admission = self.host.admission
-        if (refusal := admission.admit_turn(self.principal.tenant)) is not None:
+        if (refusal := admission.admit_request(self.principal.tenant)) is not None:
             raise ApiError(refusal.code, refusal.message)
         try:
             first = self._utterance(context_id, gen)

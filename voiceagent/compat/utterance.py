@@ -144,7 +144,8 @@ class Utterance:
         voice: Voice | None = None,
         slot: bool = True,
     ) -> None:
-        """Raises ApiError when the voice is unknown or no live-turn slot is free.
+        """Raises ApiError when the voice is unknown, no live-turn slot is free or the
+        server is draining.
         `voice`: one made for this request alone (else `options.voice` names it).
         `slot`: False where the caller holds the live-turn slot itself (one for all
         the flush groups of a Cartesia context)."""
@@ -157,7 +158,7 @@ class Utterance:
         self.options = options
         if not 0.5 <= options.speed <= 2.0:
             raise ApiError(ErrorCode.INVALID_PARAMETER, "speed must be within 0.5 and 2.0")
-        if slot and (refusal := host.admission.admit_turn(self.tenant)) is not None:
+        if slot and (refusal := host.admission.admit_request(self.tenant)) is not None:
             raise ApiError(refusal.code, refusal.message)
         self._slot = slot
         self.chars = 0

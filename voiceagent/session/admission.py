@@ -129,6 +129,16 @@ class Admission:
         self.metrics.turns_active.inc()
         return None
 
+    def admit_request(self, tenant: str = DEFAULT_TENANT) -> Refusal | None:
+        """A turn that is not part of a session (a drop-in API request or a socket's
+        context): also refused while draining, so that it goes to a server that stays."""
+        if self.draining:
+            self.metrics.refused.labels(str(ErrorCode.SERVER_DRAINING)).inc()
+            return Refusal(
+                ErrorCode.SERVER_DRAINING, "server is shutting down; send this to another one"
+            )
+        return self.admit_turn(tenant)
+
     def turn_ended(self) -> None:
         self.live_turns -= 1
         self.metrics.turns_active.dec()
