@@ -166,6 +166,46 @@ def test_an_idle_session_is_closed_only_when_nothing_plays(make_server) -> None:
     run(go())
 
 
+def test_a_turn_left_waiting_for_text_does_not_keep_an_idle_connection_open(
+    make_server,
+) -> None:
+    """What was seen: a client that opened a turn (text.delta, or a Cartesia context with
+    continue: true) and then went quiet held its session and a live-turn slot for as long
+    as it stayed connected, idle timeout or not. Waiting for the client's text is idle:
+    the server has nothing to do."""
+    server = make_server(guard=GuardConfig(idle_timeout_s=0.6), playout=PlayoutConfig(lead_ms=200))
+    admission = server.voice_server.admission
+    cartesia = {
+        "model_id": "sonic-3",
+        "voice": {"mode": "id", "id": next(iter(server.voice_server.engine.model.voices))},
+        "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 16000},
+        "context_id": "c",
+        "transcript": "Let me check that for you, ",
+        "continue": True,
+    }
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            await c.send({"type": "text.delta", "text": "Hello there. Let me see"})
+            await wait_until(lambda: admission.live_turns == 1)
+            code, texts = await closed_after(ws)
+        assert code == CloseCode.POLICY_VIOLATION
+        assert json.loads(texts[-1])["code"] == "idle_timeout"
+        assert any(json.loads(t)["type"] == "turn.first_audio" for t in texts)  # it spoke
+        await wait_until(lambda: admission.live_turns == 0 and admission.sessions == 0)
+        url = server.url.replace("/v1/ws", "/tts/websocket")
+        async with websockets.connect(url) as ws:
+            await ws.send(json.dumps(cartesia))
+            await wait_until(lambda: admission.live_turns == 1)
+            code, texts = await closed_after(ws)
+        assert json.loads(texts[-1])["error_code"] == "idle_timeout"
+        await wait_until(lambda: admission.live_turns == 0 and admission.sessions == 0)
+
+    run(go())
+
+
 def test_webrtc_and_drop_in_sockets_that_never_start_are_closed_and_free_their_slots(
     make_server,
 ) -> None:

@@ -253,6 +253,14 @@ class CartesiaSocket(ContextSocket):
             loop = asyncio.get_running_loop()
             ctx.timer = loop.call_later(delay, self._held_too_long, ctx, part)
 
+    def waiting_since(self, context_id: str) -> float | None:
+        """Its groups so far are sent and the one taking text waits for more."""
+        ctx = self._contexts.get(context_id)
+        part = None if ctx is None else ctx.taking
+        if ctx is None or part is None or ctx.sending is not part or ctx.timer is not None:
+            return None
+        return part.utterance.turn.waiting_since
+
     def _held_too_long(self, ctx: _Context, part: _Part) -> None:
         ctx.timer = None
         if ctx.taking is part:

@@ -115,8 +115,18 @@ class ContextSocket(ABC):
 
     @property
     def idle_since(self) -> float | None:
-        """When (the event loop's clock) the last context ended; None while one is live."""
-        return self._idle_at if self.idle else None
+        """Since when (the event loop's clock) the socket has had nothing to do: its last
+        context ended, or every live one has said all its text so far and waits for more.
+        None while one has work."""
+        if self.idle:
+            return self._idle_at
+        waits = [self.waiting_since(context_id) for context_id in self.contexts]
+        return None if None in waits else max(w for w in waits if w is not None)
+
+    def waiting_since(self, context_id: str) -> float | None:
+        """Since when a live context has waited for more text with nothing left to send
+        (None: it has work)."""
+        return self.contexts[context_id].turn.waiting_since
 
     def _note_if_idle(self) -> None:
         if self.idle:

@@ -158,12 +158,27 @@ class Turn:
         self._held = 0.0  # seconds waited on the output bound so far
         self._task: asyncio.Task[None] | None = None
         self._on_spoken = on_spoken
+        self._starved_at: float | None = None  # loop time it began waiting for text
 
     # -- input ----------------------------------------------------------------------------
 
     @property
     def text_ended(self) -> bool:
         return self._text_ended
+
+    @property
+    def waiting_since(self) -> float | None:
+        """Since when (the event loop's clock) the turn has had nothing to do but wait
+        for more text: all it was given is made and taken. None while it has work."""
+        return self._starved_at if self.output.empty() else None
+
+    async def _next_segment(self) -> str | None:
+        if self._segments.empty():
+            self._starved_at = asyncio.get_running_loop().time()
+        try:
+            return await self._segments.get()
+        finally:
+            self._starved_at = None
 
     def push_text(self, delta: str) -> None:
         for seg in self._segmenter.push(delta):
@@ -249,7 +264,7 @@ class Turn:
     async def _run_streaming(self) -> None:
         look = self.engine.model.pre_lookahead
         final = False
-        while (segment := await self._segments.get()) is not None:
+        while (segment := await self._next_segment()) is not None:
             pending: list[int] = []
             first = len(self.tokens)
             async for new in (lm := await self._tokens_of(segment)):
@@ -280,7 +295,7 @@ class Turn:
     async def _run_whole(self) -> None:
         """Naive baseline: all tokens first, then all audio (for benchmarks)."""
         look = self.engine.model.pre_lookahead
-        while (segment := await self._segments.get()) is not None:
+        while (segment := await self._next_segment()) is not None:
             first = len(self.tokens)
             async for new in await self._tokens_of(segment):
                 self.tokens += new

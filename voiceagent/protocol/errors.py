@@ -26,7 +26,7 @@ class ErrorCode(StrEnum):
     # protection from greedy or broken clients (transport/guard.py)
     RATE_LIMITED = "rate_limited"  # messages or connections faster than allowed
     SESSION_START_TIMEOUT = "session_start_timeout"  # no session.start in time: closed
-    IDLE_TIMEOUT = "idle_timeout"  # no message and no live turn for too long: closed
+    IDLE_TIMEOUT = "idle_timeout"  # no message and nothing to send for too long: closed
     SLOW_CONSUMER = "slow_consumer"  # the client stopped reading (never sent: it can't be)
     # a WebRTC peer that never connected (never sent: there is no channel to carry it)
     CONNECT_TIMEOUT = "connect_timeout"

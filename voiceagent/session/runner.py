@@ -158,9 +158,13 @@ class SessionRunner:
 
     @property
     def idle_since(self) -> float | None:
-        """When (the event loop's clock) the session's last turn ended; None while one
-        is live."""
-        return self._idle_at if self.idle else None
+        """Since when (the event loop's clock) the session has had nothing to do: its
+        last turn ended, or the turn playing has said all its text so far and waits for
+        more (the turns behind it wait for it). None while it has work."""
+        if self.idle:
+            return self._idle_at
+        playing = None if self._playing is None else self._turns.get(self._playing[0])
+        return None if playing is None else playing.waiting_since
 
     def _note_if_idle(self) -> None:
         if self.idle:

@@ -106,16 +106,16 @@ class MessageGate:
 CLOSING = {
     ErrorCode.RATE_LIMITED: "sent over the message rate for too long",
     ErrorCode.SESSION_START_TIMEOUT: "no session.start in time",
-    ErrorCode.IDLE_TIMEOUT: "no message and no live turn for too long",
+    ErrorCode.IDLE_TIMEOUT: "no message and nothing to send for too long",
 }
 
 
 class Deadlines:
     """When a connection has waited too long: for its start (`session.start`, or its
     first message where it has none: `start_timeout_s`), or with nothing to do: no message
-    from the client and nothing live for `idle_timeout_s`, counted from whichever of the
-    two ended last (a turn that ends a second after the last message leaves the whole
-    timeout to the client)."""
+    from the client and no work for the server (a turn waiting for more text is none) for
+    `idle_timeout_s`, counted from whichever of the two ended last (a turn that ends a
+    second after the last message leaves the whole timeout to the client)."""
 
     def __init__(self, config: GuardConfig, now: float) -> None:
         self.config = config
@@ -125,8 +125,8 @@ class Deadlines:
         self.last = now
 
     def next(self, now: float, started: bool, idle_since: float | None) -> float | None:
-        """When to look again (None: never). `idle_since`: when the connection's last
-        live turn ended, or None while one is live."""
+        """When to look again (None: never). `idle_since`: since when the connection has
+        had nothing to do, or None while it has work."""
         if not started:
             return self.opened + self.config.start_timeout_s
         if self.config.idle_timeout_s <= 0:
