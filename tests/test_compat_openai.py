@@ -173,6 +173,20 @@ def test_instructions_are_accepted_and_reported_as_ignored(server):
     assert data and response.headers["x-voiceagent-ignored"] == "instructions"
 
 
+def test_an_optional_field_sent_as_null_means_its_default(server):
+    # What was seen: 400 invalid_parameter for "speed": null (clients that forward every
+    # parameter send None for those left unset)
+    optional = ("speed", "seed", "language", "instructions", "stream_format")
+    body = {"model": "tts-1", "voice": a_voice(server), "input": "Hello there."}
+    plain = httpx.post(f"{server.http}/v1/audio/speech", json=body | {"response_format": "pcm"})
+    nulls = body | {"response_format": "pcm"} | dict.fromkeys(optional)
+    r = httpx.post(f"{server.http}/v1/audio/speech", json=nulls)
+    assert r.status_code == 200, r.text
+    assert r.content == plain.content and "x-voiceagent-ignored" not in r.headers
+    mp3 = httpx.post(f"{server.http}/v1/audio/speech", json=body | {"response_format": None})
+    assert mp3.status_code == 200 and mp3.headers["content-type"] == "audio/mpeg"
+
+
 @pytest.mark.parametrize(
     ("fields", "error", "code"),
     [

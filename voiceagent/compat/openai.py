@@ -88,6 +88,9 @@ class SpeechRequest:
     def __init__(self, body: Any, model_names: tuple[str, ...]) -> None:
         if not isinstance(body, dict):
             raise ApiError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
+        # null means "not set" (clients that forward every parameter send None for those
+        # left unset): its default, or the role's
+        body = {k: v for k, v in body.items() if v is not None}
         unknown = sorted(set(body) - FIELDS)
         if unknown:
             raise _invalid(f"unknown field(s): {', '.join(unknown)}")
@@ -128,8 +131,8 @@ class SpeechRequest:
         if self.language not in LANGUAGES:
             raise _invalid(f"language must be one of {', '.join(LANGUAGES)}")
         seed = body.get("seed", 0)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
-            raise _invalid("seed must be a non-negative integer")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
+            raise _invalid("seed must be an integer from 0 to 2147483647 (as in a session)")
         self.seed = seed
         instructions = body.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
