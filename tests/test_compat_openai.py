@@ -197,6 +197,7 @@ def test_an_optional_field_sent_as_null_means_its_default(server):
         ({"speed": 4.0}, openai.BadRequestError, "invalid_parameter"),
         ({"response_format": "ogg"}, openai.BadRequestError, "invalid_parameter"),
         ({"extra_body": {"pitch": 2}}, openai.BadRequestError, "invalid_parameter"),
+        ({"extra_body": {"seed": 2**31}}, openai.BadRequestError, "invalid_parameter"),
     ],
 )
 def test_bad_requests_get_openai_errors_with_stable_codes(server, fields, error, code):
