@@ -10,6 +10,7 @@ hold on a busy machine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import time
@@ -38,6 +39,7 @@ from voiceagent.telephony import marks
 from voiceagent.telephony.bot import BotLink
 from voiceagent.telephony.call import TelephonyConfig
 from voiceagent.telephony.marks import MarkBook
+from voiceagent.transport.guard import GuardConfig
 
 LONG = (
     "Thank you for calling the support line. Your call matters to us, and an agent will "
@@ -490,6 +492,88 @@ def test_a_carrier_that_vanishes_mid_turn_ends_the_call_for_its_bot(
                 break
             await asyncio.sleep(0.05)
         assert server.voice_server.admission.sessions == 0
+
+    run(go())
+
+
+FLOOD = GuardConfig(messages_per_s=100, message_burst=100, flood_close_s=1.0)
+
+
+def test_a_flooding_carrier_stream_is_held_back_then_hung_up_while_other_calls_go_on(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    # What was seen: carrier streams and bots had no message rate at all, so one flood
+    # took the event loop from every other call and session.
+    port = free_port()
+    server = make_server(
+        guard=FLOOD,
+        telephony=TelephonyConfig(audiosocket_host="127.0.0.1", audiosocket_port=port),
+    )
+    tok_a, tok_b = token(), token()
+
+    async def flood(send: Callable[[], Any], seconds: float = 20) -> float:
+        t0 = time.monotonic()
+        with contextlib.suppress(websockets.ConnectionClosed, ConnectionError):
+            while time.monotonic() - t0 < seconds:
+                await send()
+        return time.monotonic() - t0
+
+    async def go() -> None:
+        async with twilio(server, token=tok_a) as a, twilio(server, token=tok_b) as b:
+            bot_a, _ = await attached(server, tok_a)
+            bot_b, _ = await attached(server, tok_b)
+            await bot_b.send({"type": "speak", "text": LONG})
+            flooded_for = await flood(a.send_media_now)
+            ended = await until(bot_a, "call.ended")
+            assert ended["reason"] == "rate_limited"
+            assert 0.5 < flooded_for < 15
+            done_b = await until(bot_b, "turn.done")  # call b spoke all along
+            await b.wait_until(lambda: heard_ms(b.played, 1e18) >= done_b["sent_ms"] - 20, 10)
+        # AudioSocket's TCP stream the same way (DTMF packets: each is one message)
+        async with SimulatedAudioSocketCall("127.0.0.1", port, strict=False) as call:
+            bot, _ = await attached(server, call.call_id)
+            flooded_for = await flood(lambda: call.send_dtmf("5"))
+            assert (await until(bot, "call.ended"))["reason"] == "rate_limited"
+            assert 0.5 < flooded_for < 15
+        metrics = server.voice_server.metrics
+        assert metrics.closed.labels("rate_limited")._value.get() == 2
+
+    run(go())
+
+
+def test_a_flooding_bot_is_held_back_then_dropped_and_the_call_waits_for_it(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    server = make_server(guard=FLOOD)
+    tok = token()
+
+    async def go() -> None:
+        async with twilio(server, token=tok):
+            bot, _ = await attached(server, tok)
+            texts: list[str] = []
+
+            async def read() -> None:
+                with contextlib.suppress(websockets.ConnectionClosed):
+                    async for message in bot.ws:
+                        texts.append(str(message))
+
+            reader = asyncio.create_task(read())
+            t0, sent = time.monotonic(), 0
+            with pytest.raises(websockets.ConnectionClosed):
+                while time.monotonic() - t0 < 20:
+                    await bot.send({"type": "ping"})
+                    sent += 1
+                    if sent % 100 == 0:
+                        await asyncio.sleep(0)  # let the reader run
+            flooded_for = time.monotonic() - t0
+            await reader
+            events = [json.loads(t) for t in texts]
+            assert {e["code"] for e in events if e["type"] == "error"} == {"rate_limited"}
+            assert sum(e["type"] == "pong" for e in events) < sent
+            assert 0.5 < flooded_for < 15
+            again, _ = await attached(server, tok)  # the call waited for its bot
+            await again.send({"type": "speak", "text": "Hello again."})
+            await until(again, "turn.done")
 
     run(go())
 

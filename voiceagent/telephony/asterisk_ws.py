@@ -21,6 +21,7 @@ from ..audio.format import FRAME_MS
 from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import SendAudio
+from ..transport.guard import GuardConfig
 from . import asterisk_ws_control as ctl
 from .call import CallHost, CallRefused, CallTransport, run_call
 from .events import (
@@ -35,7 +36,7 @@ from .events import (
 )
 from .marks import MarkBook
 from .media_streams import to_pcm16
-from .stream_server import receive
+from .stream_server import messages
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +84,18 @@ class AsteriskWebSocketTransport(CallTransport):
 
 
 async def _events(
-    ws: WebSocket, transport: list[AsteriskWebSocketTransport], codec: list[str]
+    ws: WebSocket,
+    transport: list[AsteriskWebSocketTransport],
+    codec: list[str],
+    guard: GuardConfig,
 ) -> AsyncGenerator[CarrierEvent, None]:
-    """Asterisk's messages as carrier events. `transport`/`codec` are filled in once the
-    call is set up (flow control and decoding need them)."""
-    while (message := await receive(ws)) is not None:
+    """Asterisk's messages as carrier events, ending with Stopped: Asterisk hangs up by
+    closing the socket. `transport`/`codec` are filled in once the call is set up (flow
+    control and decoding need them)."""
+    async for message in messages(ws, guard):
+        if isinstance(message, Stopped):
+            yield message
+            return
         data, text = message.get("bytes"), message.get("text")
         if data is not None:
             try:
@@ -115,7 +123,6 @@ async def _events(
             yield Invalid(f"Asterisk reports: {event.error_text[:120]}")
         else:
             yield Ignored(type(event).__name__)
-    yield Stopped("disconnected")  # Asterisk hangs up by closing the socket
 
 
 async def serve_asterisk_ws(host: CallHost, ws: WebSocket) -> None:
@@ -124,7 +131,7 @@ async def serve_asterisk_ws(host: CallHost, ws: WebSocket) -> None:
     await ws.accept(subprotocol=ctl.SUBPROTOCOL if ctl.SUBPROTOCOL in subprotocols else None)
     transport_box: list[AsteriskWebSocketTransport] = []
     codec_box: list[str] = []
-    events = _events(ws, transport_box, codec_box)
+    events = _events(ws, transport_box, codec_box, host.guard)
     try:
         start = await asyncio.wait_for(ws.receive_text(), START_TIMEOUT_S)
         media_start = ctl.parse_event(start)

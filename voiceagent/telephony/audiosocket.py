@@ -17,7 +17,9 @@ from collections import deque
 from collections.abc import AsyncGenerator
 
 from ..audio.format import FRAME_MS
+from ..protocol.errors import ErrorCode
 from ..protocol.session import SendAudio
+from ..transport.guard import GuardConfig, MessageGate, Verdict
 from . import audiosocket_frames as wire
 from .call import CallHost, CallRefused, CallTransport, run_call
 from .events import CallerAudio, CallInfo, CarrierEvent, Dtmf, Invalid, Stopped
@@ -75,8 +77,11 @@ class AudioSocketTransport(CallTransport):
 
 
 async def _packets(
-    reader: asyncio.StreamReader, decoder: wire.AudioSocketDecoder
+    reader: asyncio.StreamReader, decoder: wire.AudioSocketDecoder, guard: GuardConfig
 ) -> AsyncGenerator[wire.Packet | Stopped, None]:
+    """Asterisk's packets, read no faster than the guard's message rate (the rest waits
+    in the network), then Stopped."""
+    gate = MessageGate(guard)
     while True:
         try:
             data = await reader.read(READ_BYTES)
@@ -92,6 +97,9 @@ async def _packets(
             yield Stopped("error")  # the framing is lost: nothing after it can be read
             return
         for packet in packets:
+            if await gate.pace() is Verdict.CLOSE:
+                yield Stopped(str(ErrorCode.RATE_LIMITED))
+                return
             yield packet
 
 
@@ -130,7 +138,7 @@ async def handle_audiosocket(
     host: CallHost, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     """One AudioSocket connection: UUID first, the first audio tells the rate."""
-    packets = _packets(reader, wire.AudioSocketDecoder(wire.FROM_ASTERISK))
+    packets = _packets(reader, wire.AudioSocketDecoder(wire.FROM_ASTERISK), host.guard)
     call_id, first_audio = "", None
     try:
         async with asyncio.timeout(START_TIMEOUT_S):

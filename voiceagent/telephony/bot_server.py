@@ -13,6 +13,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import error_event
+from ..transport.guard import CLOSING, RATE_MESSAGE, MessageGate, Verdict
 from .bot import check_attach, parse_attach
 from .call import CallHost
 
@@ -44,10 +45,19 @@ async def serve_bot(host: CallHost, ws: WebSocket) -> None:
         return
     try:
         await call.attach_bot(ws, caller_rate)  # (a bot gone already: it leaves at once)
+        gate = MessageGate(host.guard)
         while not call.ended.is_set():
             message = await ws.receive()
             if message["type"] == "websocket.disconnect":
                 break
+            verdict = await gate.pace()  # over the rate: TCP holds the bot back
+            if verdict is Verdict.CLOSE:  # the call waits for a bot that behaves
+                host.engine.metrics.closed.labels(str(ErrorCode.RATE_LIMITED)).inc()
+                closing = error_event(ErrorCode.RATE_LIMITED, CLOSING[ErrorCode.RATE_LIMITED])
+                await ws.send_text(json.dumps(closing))
+                break  # no close handshake: waiting for its reply would read the flood
+            if verdict is Verdict.WARN:
+                await ws.send_text(json.dumps(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE)))
             if message.get("text") is not None:
                 await call.from_bot(message["text"])
             elif message.get("bytes") is not None:

@@ -288,6 +288,8 @@ async def run_call(
         async for event in events:
             if isinstance(event, Stopped):  # (our own hang-up ends the stream too)
                 reason = "hangup" if call.hung_up else event.reason
+                if reason == ErrorCode.RATE_LIMITED:  # a flood: we hang up
+                    host.engine.metrics.closed.labels(reason).inc()
                 break
             await call.on_event(event)
     except Exception:

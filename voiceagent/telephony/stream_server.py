@@ -20,6 +20,7 @@ from ..audio.format import FRAME_MS
 from ..auth.gate import principal_of
 from ..protocol.errors import CloseCode, ErrorCode
 from ..protocol.session import SendAudio
+from ..transport.guard import GuardConfig, MessageGate, Verdict
 from .call import CallHost, CallRefused, CallTransport, TelephonyConfig, run_call
 from .events import CarrierEvent, Invalid, Started, Stopped
 from .marks import MarkBook
@@ -87,10 +88,14 @@ def twilio_signature_ok(config: TelephonyConfig, ws: WebSocket) -> bool:
 
 
 async def carrier_events(
-    ws: WebSocket, dialect: Dialect, max_bytes: int
+    ws: WebSocket, dialect: Dialect, max_bytes: int, guard: GuardConfig
 ) -> AsyncGenerator[CarrierEvent, None]:
-    """The carrier's messages as events, ending with Stopped when it goes away."""
-    while (message := await receive(ws)) is not None:
+    """The carrier's messages as events, ending with Stopped when it goes away (or
+    floods)."""
+    async for message in messages(ws, guard):
+        if isinstance(message, Stopped):
+            yield message
+            return
         text, data = message.get("text"), message.get("bytes")
         size = len(text) if text is not None else len(data or b"")
         if size > max_bytes:
@@ -99,6 +104,19 @@ async def carrier_events(
             yield dialect.parse_text(text)
         elif data is not None:
             yield dialect.parse_bytes(data)
+
+
+async def messages(
+    ws: WebSocket, guard: GuardConfig
+) -> AsyncGenerator[dict[str, Any] | Stopped, None]:
+    """A carrier's socket messages, read no faster than the guard's message rate (the
+    rest waits in the network), then Stopped: gone, or held back too long (a flood)."""
+    gate = MessageGate(guard)
+    while (message := await receive(ws)) is not None:
+        if await gate.pace() is Verdict.CLOSE:
+            yield Stopped(str(ErrorCode.RATE_LIMITED))
+            return
+        yield message
     yield Stopped("disconnected")
 
 
@@ -119,7 +137,7 @@ async def serve_media_stream(host: CallHost, ws: WebSocket, carrier: str) -> Non
         return
     await ws.accept()
     dialect = DIALECTS[carrier]()
-    events = carrier_events(ws, dialect, host.limits.max_message_bytes)
+    events = carrier_events(ws, dialect, host.limits.max_message_bytes, host.guard)
     try:
         async with asyncio.timeout(START_TIMEOUT_S):
             async for event in events:

@@ -8,6 +8,7 @@ transports apply them.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import ipaddress
 import logging
@@ -101,6 +102,15 @@ class MessageGate:
             return Verdict.WARN
         return Verdict.WAIT
 
+    async def pace(self) -> Verdict:
+        """`check` one more message now, then wait out its delay (unless it says close)."""
+        verdict = self.check(asyncio.get_running_loop().time())
+        if verdict is not Verdict.CLOSE:
+            await asyncio.sleep(self.delay)
+        return verdict
+
+
+RATE_MESSAGE = "messages arrive faster than the limit; they are read more slowly"
 
 # What a session closed by the server is told, by the reason's code.
 CLOSING = {

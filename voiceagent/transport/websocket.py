@@ -26,7 +26,7 @@ from ..session.runner import SessionRunner
 from ..telephony.events import CallerAudio, CallInfo, CarrierEvent, Invalid, MarkEchoed
 from ..telephony.marks import MarkBook
 from ..telephony.media_streams import TWILIO, JsonStream
-from .guard import CLOSING, Deadlines, MessageGate, Verdict
+from .guard import CLOSING, RATE_MESSAGE, Deadlines, MessageGate, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -175,9 +175,6 @@ async def serve_websocket(host: SessionHost, ws: WebSocket) -> None:
         ended = ErrorCode.SLOW_CONSUMER
     if ended is not None:
         await _end(host, transport, ended)
-
-
-RATE_MESSAGE = "messages arrive faster than the session's limit; they are read more slowly"
 
 
 async def _handle(runner: SessionRunner, transport: WebSocketTransport, message: Any) -> None:
