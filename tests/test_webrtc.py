@@ -18,6 +18,7 @@ from aiortc.exceptions import InvalidStateError
 from conftest import run
 
 from voiceagent.bench.clients import Client, MicTrack, Peer, connect, open_peer
+from voiceagent.transport.guard import GuardConfig
 from voiceagent.transport.webrtc import WebRtcConfig, quiet_close_race
 from voiceagent.transport.webrtc_media import OutboundAudioTrack
 
@@ -396,3 +397,31 @@ def test_an_offer_never_completed_times_out(make_server):
     # operators see why (it was counted nowhere)
     metrics = httpx.get(f"{server.http}/metrics").text
     assert 'voiceagent_sessions_closed_total{reason="connect_timeout"} 1.0' in metrics
+
+
+def test_a_flooding_data_channel_is_read_at_the_rate_then_dropped(make_server):
+    # What was seen: the data channel had no message rate; every message was acted on at
+    # once, however fast they came.
+    guard = GuardConfig(messages_per_s=50, message_burst=50, flood_close_s=30)
+    server = make_server(guard=guard, webrtc=WebRtcConfig(max_inbox=64))
+
+    async def go() -> int:
+        peer = await open_peer(server.http)
+        peer.send({"type": "session.start"})
+        await peer.event(("session.created",))
+        t0, sent = time.monotonic(), 0
+        while health(server)["sessions"] and sent < 4000:  # about 500 a second
+            for _ in range(10):
+                peer.send({"type": "ping"})
+            sent += 10
+            await asyncio.sleep(0.02)
+        await until_no_sessions(server, "the flooding session was not dropped")
+        flooded_for = time.monotonic() - t0
+        await peer.close()
+        pongs = sum(e["type"] == "pong" for e in peer.seen)
+        assert pongs <= 50 + 50 * flooded_for + 10, (pongs, flooded_for)
+        return [e.get("code") for e in peer.seen if e["type"] == "error"].count("rate_limited")
+
+    assert run(go()) >= 1  # warned before it was dropped
+    metrics = httpx.get(f"{server.http}/metrics").text
+    assert 'voiceagent_sessions_closed_total{reason="rate_limited"} 1.0' in metrics

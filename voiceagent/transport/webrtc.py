@@ -45,7 +45,7 @@ from ..protocol.messages import Format
 from ..protocol.session import SendAudio, SessionCore, error_event
 from ..session.port import SessionHost, Transport
 from ..session.runner import SessionRunner
-from .guard import CLOSING, Deadlines
+from .guard import CLOSING, RATE_MESSAGE, Deadlines, MessageGate, Verdict
 from .webrtc_media import RATE, OutboundAudioTrack, mono_float, set_audio_prefetch
 
 log = logging.getLogger(__name__)
@@ -228,9 +228,7 @@ class WebRtcSession:
             try:
                 self._inbox.put_nowait(message)
             except asyncio.QueueFull:
-                log.warning("session %s: control messages flooded in; closing", self.id)
-                self._count_closed(ErrorCode.RATE_LIMITED)
-                self.close_soon()
+                self._flooded(f"{self._inbox.maxsize} unread")
 
         @channel.on("close")
         def on_close() -> None:
@@ -250,6 +248,11 @@ class WebRtcSession:
             log.info("session %s: not connected after %ss", self.id, self.config.connect_timeout_s)
             self._count_closed(ErrorCode.CONNECT_TIMEOUT)
             self.close_soon()
+
+    def _flooded(self, why: str) -> None:
+        log.warning("session %s: control messages flooded in (%s); closing", self.id, why)
+        self._count_closed(ErrorCode.RATE_LIMITED)
+        self.close_soon()
 
     def _count_closed(self, code: ErrorCode) -> None:
         """The server ends this session on its own (voiceagent_sessions_closed_total)."""
@@ -276,8 +279,17 @@ class WebRtcSession:
         await self.transport.close(CloseCode.POLICY_VIOLATION, str(code))
 
     async def _control(self) -> None:
+        """The control messages, acted on no faster than the guard's message rate: a
+        flood fills the inbox (a full one drops the session) or lasts `flood_close_s`."""
+        gate = MessageGate(self.gateway.host.guard)
         while True:
             message = await self._inbox.get()
+            verdict = await gate.pace()
+            if verdict is Verdict.CLOSE:
+                self._flooded("held back too long")
+                return
+            if verdict is Verdict.WARN:
+                self.send_event(error_event(ErrorCode.RATE_LIMITED, RATE_MESSAGE))
             try:
                 if isinstance(message, str):
                     await self.runner.on_text(message)
