@@ -9,6 +9,8 @@ import pytest
 
 from voiceagent.audio.vad import VoiceActivity
 from voiceagent.bench.clips import espeak_pcm, have_espeak
+from voiceagent.protocol.messages import Input
+from voiceagent.session.runner import Listener
 
 SENTENCE = "Your order shipped this morning and will arrive on Tuesday"
 PAD_S = 1.0
@@ -148,3 +150,27 @@ def test_chunking_and_sample_format_do_not_change_events(speech):
 def test_bad_settings_are_rejected(kwargs):
     with pytest.raises(ValueError):
         VoiceActivity(16000, **kwargs)
+
+
+def test_the_listener_s_timeline_goes_on_when_its_input_settings_change(speech):
+    """What was seen: changing any `input` setting restarted the speech events' times at
+    0 and dropped a speech segment in progress without its speech_stopped."""
+    pcm, rate = speech
+    signal = padded(pcm, rate)
+    start, _ = true_bounds_ms(signal, rate)
+    listener = Listener()
+    before, after = Input(vad_aggressiveness=2), Input(vad_aggressiveness=3)
+    cut = int((start / 1000 + 0.5) * rate)  # half a second into the speech
+    chunk = rate // 50
+    events = []
+    for i in range(0, signal.size, chunk):
+        settings = before if i < cut else after
+        events += listener.feed(signal[i : i + chunk], rate, settings)
+    kinds = [kind for kind, _ in events]
+    assert kinds[:2] == ["speech_started", "speech_stopped"], events
+    # the segment open at the change is closed where the audio was cut...
+    assert events[1][1] == pytest.approx(cut / rate * 1000, abs=40), events
+    # ...and the new detector's events and clock continue on the same timeline
+    assert all(t >= events[1][1] for _, t in events[2:]), events
+    assert "speech_started" in kinds[2:], events
+    assert listener.time_ms == pytest.approx(signal.size / rate * 1000, abs=40)

@@ -47,16 +47,24 @@ log = logging.getLogger(__name__)
 
 class Listener:
     """The person at the other end: inbound audio (any transport, any rate) -> voice
-    activity -> speech events. The detector follows the session's `input` settings."""
+    activity -> speech events. The detector follows the session's `input` settings; a
+    new one (after a change) goes on with the old one's timeline."""
 
     def __init__(self) -> None:
         self._vad: VoiceActivity | None = None
         self._key: tuple[int, ...] = ()
         self._past_guard: tuple[int, int] | None = None  # (turn, voiced ms) at its guard
+        self._base_ms = 0  # audio the detectors before this one classified
+        self._base_voiced_ms = 0  # ... and found voiced
 
     def feed(self, pcm: np.ndarray, sample_rate: int, i: Input) -> Sequence[tuple[str, int]]:
         key = (sample_rate, i.vad_aggressiveness, i.min_speech_ms, i.hangover_ms)
+        events: list[tuple[str, int]] = []
         if self._vad is None or self._key != key:
+            if self._vad is not None:  # its open speech segment ends where it stops
+                events += self._on_timeline(self._vad.flush())
+                self._base_ms += self._vad.time_ms
+                self._base_voiced_ms += self._vad.voiced_ms
             self._key = key
             self._vad = VoiceActivity(
                 sample_rate,
@@ -64,19 +72,26 @@ class Listener:
                 min_speech_ms=i.min_speech_ms,
                 hangover_ms=i.hangover_ms,
             )
-        return self._vad.feed(pcm)
+        return events + self._on_timeline(self._vad.feed(pcm))
+
+    def _on_timeline(self, events: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        return [(kind, self._base_ms + t_ms) for kind, t_ms in events]
 
     @property
     def time_ms(self) -> int:
-        return 0 if self._vad is None else self._vad.time_ms
+        return self._base_ms + (0 if self._vad is None else self._vad.time_ms)
+
+    @property
+    def voiced_ms(self) -> int:
+        return self._base_voiced_ms + (0 if self._vad is None else self._vad.voiced_ms)
 
     def voiced_past_guard(self, turn: int, heard_ms: int, guard_ms: int) -> int:
         """Voiced audio heard since turn `turn` played past its guard (0 before that)."""
         if heard_ms < guard_ms or self._vad is None:
             return 0
         if self._past_guard is None or self._past_guard[0] != turn:
-            self._past_guard = (turn, self._vad.voiced_ms)
-        return self._vad.voiced_ms - self._past_guard[1]
+            self._past_guard = (turn, self.voiced_ms)
+        return self.voiced_ms - self._past_guard[1]
 
 
 class SessionRunner:
