@@ -11,6 +11,7 @@ from conftest import run
 from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
 from voiceagent.model.contract import Voice
+from voiceagent.auth.keys import check_tenant
 from voiceagent.model.voice_store import check_name, load_voice, load_voices, save_voice
 
 
@@ -42,10 +43,13 @@ def test_broken_voice_files_are_skipped_not_fatal(tmp_path):
     assert list(load_voices(tmp_path)) == ["good"]
 
 
-@pytest.mark.parametrize("name", ["", "../etc", "a b", "x" * 65, ".hidden"])
+# ("anna\n": what was seen: accepted, listed beside "anna", saved as 'anna\n.pt')
+@pytest.mark.parametrize("name", ["", "../etc", "a b", "x" * 65, ".hidden", "anna\n"])
 def test_voice_names_are_safe_file_names(name):
     with pytest.raises(ValueError):
         check_name(name)
+    with pytest.raises(ValueError):
+        check_tenant(name)  # a tenant is a folder name too
 
 
 def test_a_running_server_picks_up_a_new_voice(make_server, tiny_dir, tmp_path):

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from ..session.quota import Quota
 
-TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")  # also a folder name under voices_dir
-KEY = re.compile(r"^va_([0-9a-f]{8})_[A-Za-z0-9_-]{43}$")
+TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # also a folder name under voices_dir
+KEY = re.compile(r"^va_([0-9a-f]{8})_[A-Za-z0-9_-]{43}\Z")
 DEFAULT_TENANT = "default"
 
 

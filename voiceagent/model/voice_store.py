@@ -26,7 +26,7 @@ from .contract import Voice
 
 log = logging.getLogger(__name__)
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")  # (\Z: "$" allows a final newline)
 
 
 def check_name(name: str) -> None:

@@ -41,7 +41,7 @@ _ENCODINGS = {
     "l16": "pcm16",
     "audio/x-l16": "pcm16",
 }
-_DTMF = re.compile(r"^[0-9*#A-Da-d]$")
+_DTMF = re.compile(r"^[0-9*#A-Da-d]\Z")
 MAX_PARAMS = 64  # custom parameters kept per call (a carrier sends a handful)
 
 
