@@ -21,6 +21,10 @@ seed = 7
 
 [roles.ghost]
 voice = "no-such-voice"
+
+[roles.calm]
+voice = "VOICE"
+temperature = 0.9
 """
 
 
@@ -74,26 +78,55 @@ def test_sessions_choose_a_role_as_a_voice_and_get_its_defaults(make_server, tmp
         async with connect(server.url) as ws:
             c = Client(ws)
             created = await c.start(voice="support", speed=1.1)
+            async with connect(server.url) as fresh:
+                created_plain = await Client(fresh).start(voice=voice)
             turn = await c.speak("Hello there.")
             await c.send({"type": "session.update", "voice": voice})
             plain = await c.event()
             other = await c.speak("Hello there.", voice="support")
             await c.send({"type": "speak", "text": "Hi.", "voice": "ghost"})
             refused = await c.event()
-            return created, turn, plain, other, refused
+            return created, created_plain, turn, plain, other, refused
 
-    created, turn, plain, other, refused = run(go())
+    created, created_plain, turn, plain, other, refused = run(go())
     settings = created["settings"]
-    assert created["roles"] == ["support"]  # ghost's voice does not exist: not offered
+    assert created["roles"] == ["calm", "support"]  # ghost's voice does not exist
     assert settings["voice"] == "support" and settings["language"] == "en"
     assert settings["speed"] == 1.1  # set by the client, over the role's 1.25
     assert settings["sampling"]["temperature"] == 0.7 and settings["sampling"]["seed"] == 7
     assert turn.event("turn.started")["voice"] == "support" and turn.frames
-    # choosing a plain voice afterwards keeps the settings as they are
+    # choosing a plain voice afterwards keeps what the client set; the role's defaults go
+    # (what was seen: a session that had been "support" kept its language, temperature
+    # and seed under every voice it chose after)
     assert plain["type"] == "session.updated", plain
     assert plain["settings"]["voice"] == voice and plain["settings"]["speed"] == 1.1
+    assert plain["settings"]["language"] == "auto"
+    assert plain["settings"]["sampling"] == created_plain["settings"]["sampling"]
     assert other.frames and other.event("turn.done")
     assert refused["code"] == "unknown_voice"
+
+
+def test_a_session_that_switches_roles_speaks_each_as_a_fresh_session_would(
+    make_server, tmp_path, tiny_model
+):
+    voice = next(iter(tiny_model.voices))
+    server = make_server(roles_file=roles_file(tmp_path, voice))
+
+    async def settings(*updates):
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            got = (await c.start(**updates[0]))["settings"]
+            for update in updates[1:]:
+                await c.send({"type": "session.update", **update})
+                got = (await c.event())["settings"]
+            return got
+
+    fresh = run(settings({"voice": "calm"}))
+    assert fresh["sampling"]["temperature"] == 0.9
+    assert run(settings({"voice": "support"}, {"voice": "calm"})) == fresh
+    # what the client set itself stays through the switch
+    kept = run(settings({"voice": "support", "sampling": {"seed": 3}}, {"voice": "calm"}))
+    assert kept == fresh | {"sampling": fresh["sampling"] | {"seed": 3}}
 
 
 def test_a_role_sounds_like_its_voice_at_its_settings(make_server, tmp_path, tiny_model):
@@ -139,6 +172,6 @@ def test_an_edited_roles_file_applies_without_a_restart(make_server, tmp_path, t
             return before, started, again
 
     before, started, again = run(go())
-    assert before["roles"] == ["support"]
+    assert before["roles"] == ["calm", "support"]
     assert started["type"] == "turn.started" and started["voice"] == "sales"
     assert again.frames

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import run
 
+from voiceagent.auth.keys import check_tenant
 from voiceagent.bench.clients import Client, connect
 from voiceagent.model import checkpoint
 from voiceagent.model.contract import Voice
-from voiceagent.auth.keys import check_tenant
 from voiceagent.model.voice_store import check_name, load_voice, load_voices, save_voice
 
 

@@ -329,7 +329,7 @@ def parse(data: str) -> Command:
 def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str]) -> Settings:
     """Validate `changes` against `current`; raise ProtocolError, or return new settings.
     Nothing is applied unless everything is valid."""
-    flat = _flatten(changes)
+    flat = flatten_settings(changes)
     values = {key: SETTING[key].check(value) for key, value in flat.items()}
     if "voice" in values:
         check_voice(values["voice"], voices)
@@ -361,7 +361,13 @@ def apply_settings(current: Settings, changes: dict[str, Any], voices: set[str])
     return replace(current, **top)
 
 
-def _flatten(changes: dict[str, Any]) -> dict[str, Any]:
+def setting_value(settings: Settings, key: str) -> Any:
+    """The value of a flat key ("speed", "sampling.seed") in `settings`."""
+    group, _, name = key.partition(".")
+    return getattr(getattr(settings, group), name) if name else getattr(settings, key)
+
+
+def flatten_settings(changes: dict[str, Any]) -> dict[str, Any]:
     """{"format": {"codec": x}} -> {"format.codec": x}, refusing unknown keys."""
     groups = {key.partition(".")[0] for key in SETTING if "." in key}
     unknown = [k for k in changes if k not in SETTING and k not in groups]

@@ -45,7 +45,9 @@ from .messages import (
     UpdateSession,
     apply_settings,
     check_voice,
+    flatten_settings,
     parse,
+    setting_value,
 )
 from .roles import Role
 
@@ -139,6 +141,7 @@ class SessionCore:
     _open: int | None = None
     _ducked: bool = False
     onset_held: bool = False  # the listener speaks, and the guard kept that from a barge-in
+    _asked: set[str] = field(default_factory=set)  # flat settings the client set itself
 
     @property
     def started(self) -> bool:
@@ -236,10 +239,14 @@ class SessionCore:
     def _start(self, changes: dict[str, Any]) -> list[Action]:
         if self.started:
             raise ProtocolError(ErrorCode.SESSION_ALREADY_STARTED, "session already started")
-        base = Settings(voice=self.catalog.default_voice, sampling=self.catalog.sampling)
+        asked = changes
         changes = self.catalog.with_role(changes)
-        self.settings = self._pin(apply_settings(base, changes, self.catalog.names))
+        self.settings = self._pin(apply_settings(self._base(), changes, self.catalog.names))
+        self._asked = set(flatten_settings(asked))
         return [SendEvent(self.describe())]
+
+    def _base(self) -> Settings:
+        return Settings(voice=self.catalog.default_voice, sampling=self.catalog.sampling)
 
     def describe(self) -> dict[str, Any]:
         """The `session.created` event: the session's settings and what the server offers."""
@@ -260,10 +267,26 @@ class SessionCore:
 
     def _update(self, changes: dict[str, Any]) -> list[Action]:
         assert self.settings is not None
-        changes = self.catalog.with_role(changes)
+        asked = changes
+        changes = {**self._role_undone(changes), **self.catalog.with_role(changes)}
         self.settings = self._pin(apply_settings(self.settings, changes, self.catalog.names))
+        self._asked |= set(flatten_settings(asked))
         # Turns already opened keep the settings they started with.
         return [SendEvent({"type": "session.updated", "settings": self.settings.to_dict()})]
+
+    def _role_undone(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Leaving a role: its defaults go back to the server's, as flat settings, except
+        those the client set itself (the new voice's role, if any, then applies its own)."""
+        assert self.settings is not None
+        role = self.catalog.roles.get(self.settings.voice)
+        if role is None or changes.get("voice", role.name) == role.name:
+            return {}
+        base = self._base()
+        return {
+            key: setting_value(base, key)
+            for key in flatten_settings(role.defaults)
+            if key not in self._asked
+        }
 
     def _pin(self, settings: Settings) -> Settings:
         return (
