@@ -24,7 +24,9 @@ import websockets
 from conftest import run
 
 from voiceagent.bench.clients import Client, TurnResult, connect
+from voiceagent.engine.lm_engine import EmbeddedLM, EngineError
 from voiceagent.model import checkpoint
+from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.server.background import BackgroundServer
 from voiceagent.session.playout import PlayoutConfig
@@ -156,6 +158,41 @@ def test_a_model_fault_fails_only_its_own_turn_and_the_next_one_speaks(
 
     run(go())
     no_leaks(server)
+
+
+def test_a_decode_fault_while_the_others_sit_out_fails_only_the_faulty_request(
+    tiny_dir: Path,
+) -> None:
+    """What was seen: with the healthy request far ahead of its listener (sitting out of
+    the step), a step that held only the faulty one failed every request."""
+    model = faulty_model(tiny_dir, "decode")
+    lm = EmbeddedLM(model, max_batch=4)
+    text = model.tokenizer.encode("A healthy answer that takes a while to say. " * 3)
+
+    async def go() -> tuple[int, str]:
+        healthy = lm.generate(
+            text, model.voices["agent"], SamplingParams(seed=1), torch.Generator(), 150, 200
+        )
+        await wait_until(lambda: healthy.backlog >= lm.max_backlog)  # nobody reads it
+        broken = lm.generate(
+            text[:5], model.voices["faulty"], SamplingParams(), torch.Generator(), 5, 10
+        )
+        with pytest.raises(EngineError) as failed:
+            async for _ in broken:
+                pass
+        tokens = 0
+        async for new in healthy:  # its turn reads on, to its end
+            tokens += len(new)
+        return tokens, str(failed.value)
+
+    lm.start()
+    try:
+        tokens, why = run(go())
+    finally:
+        lm.stop()
+    assert "injected decode fault" in why
+    assert tokens >= 150
+    assert sorted(lm._free) == list(range(lm.max_batch))
 
 
 # -- the client goes away --------------------------------------------------------------

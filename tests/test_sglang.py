@@ -16,20 +16,28 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import torch
+import uvicorn
 from conftest import run
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, StreamingResponse
+from starlette.routing import Route
 
 from voiceagent.bench.clients import Client, TurnResult, connect
 from voiceagent.engine.embedded import EmbeddedEngine
+from voiceagent.engine.lm_engine import EngineError, EngineUnavailable
 from voiceagent.engine.sglang.client import SGLangLM
 from voiceagent.engine.sglang.export import META, export_sglang
 from voiceagent.model.sampling import SamplingParams
@@ -274,6 +282,153 @@ def test_sglang_down_is_reported_not_hung(tiny_model, tmp_path, caplog):
     assert any("not reachable yet" in rec.getMessage() for rec in caplog.records)
 
 
+# SGLang's answers to a request it cannot serve. A stock SGLang gives them under overload
+# or misconfiguration only, so here they come from httpx's MockTransport in their
+# documented shapes (the rejection of an over-long prompt and sglang-router without
+# workers are real, below). What was seen: the error chunk and the abort ended the turn
+# as a success, with no audio or cut short, and no error.
+def sglang_answer(status: int, *chunks: dict[str, Any] | str) -> httpx.MockTransport:
+    body = "".join(
+        f"data: {c if isinstance(c, str) else json.dumps(c)}\n\n" for c in chunks
+    ).encode()
+    return httpx.MockTransport(lambda request: httpx.Response(status, content=body))
+
+
+def tokens_chunk(ids: list[int], reason: Any = None) -> dict[str, Any]:
+    return {
+        "output_ids": ids,
+        "meta_info": {"completion_tokens": len(ids), "finish_reason": reason},
+    }
+
+
+@pytest.mark.parametrize(
+    ("answer", "failure"),
+    [
+        (sglang_answer(200, {"error": {"message": "input too long", "code": 400}}, "[DONE]"),
+         EngineError),
+        (sglang_answer(200, tokens_chunk([5, 6]),
+                       tokens_chunk([5, 6, 7], {"type": "abort", "status_code": 503}), "[DONE]"),
+         EngineUnavailable),
+        (sglang_answer(200, tokens_chunk([5, 6])), EngineUnavailable),  # cut off
+        (sglang_answer(503, "no available workers"), EngineUnavailable),
+        (sglang_answer(400, "bad request"), EngineError),
+    ],
+    ids=["error-chunk", "abort-503", "cut-off", "http-503", "http-400"],
+)  # fmt: skip
+def test_a_request_sglang_cannot_serve_fails_its_stream_with_the_right_error(
+    tiny_model, tmp_path, answer, failure
+):
+    export_sglang(tiny_model, tmp_path)
+    lm = SGLangLM(tiny_model, "http://sglang.invalid", tmp_path)
+    lm._client = httpx.AsyncClient(transport=answer)
+
+    async def go():
+        async with lm._client:
+            text = tiny_model.tokenizer.encode("Hello.")
+            stream = lm.generate(
+                text, tiny_model.voices["agent"], SamplingParams(), torch.Generator(), 0, 40
+            )
+            async for _ in stream:
+                pass
+
+    with pytest.raises(failure) as raised:
+        run(go())
+    assert type(raised.value) is failure
+    assert "sglang.invalid" not in str(raised.value)  # its address stays in the log
+    reason = "unavailable" if failure is EngineUnavailable else "error"
+    assert lm.metrics.sglang_failures.labels(reason)._value.get() == 1
+
+
+class HoldingLMServer:
+    """A stand-in for a busy SGLang (a real one cannot hold a hundred streams open on this
+    CPU): /generate streams one token, then holds the stream open until released."""
+
+    def __init__(self, offset: int) -> None:
+        self.release = threading.Event()
+
+        async def generate(request: Request) -> StreamingResponse:
+            async def body() -> AsyncIterator[str]:
+                info = {"completion_tokens": 1, "finish_reason": None}
+                yield f"data: {json.dumps({'output_ids': [offset + 5], 'meta_info': info})}\n\n"
+                while not self.release.is_set():
+                    await asyncio.sleep(0.05)
+
+            return StreamingResponse(body(), media_type="text/event-stream")
+
+        async def health(request: Request) -> PlainTextResponse:
+            return PlainTextResponse("ok")
+
+        app = Starlette(
+            routes=[Route("/generate", generate, methods=["POST"]), Route("/health", health)]
+        )
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.release.set()
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def test_more_live_requests_than_httpx_s_default_pool_all_stream_and_readiness_holds(
+    tiny_model, tmp_path
+):
+    """What was seen: with 100 requests streaming (under the 128 live turns a server
+    takes), the readiness probe timed out and the 101st request failed after 30 s with
+    engine_unavailable, while the LM server was fine."""
+    meta = export_sglang(tiny_model, tmp_path)
+    busy = HoldingLMServer(int(meta["speech_offset"]))
+    lm = SGLangLM(tiny_model, busy.url, tmp_path, timeout_s=60)
+    text = tiny_model.tokenizer.encode("Hello.")
+
+    async def go() -> bool:
+        voice = tiny_model.voices["agent"]
+        streams = [
+            lm.generate(text, voice, SamplingParams(), torch.Generator(), 0, 100)
+            for _ in range(110)
+        ]
+        try:
+            async with asyncio.timeout(30):
+                for stream in streams:  # each one's first token: every request streams
+                    assert await anext(stream)
+                return await lm.healthy()
+        finally:
+            for stream in streams:
+                stream.cancel()
+
+    try:
+        assert run(go())
+    finally:
+        busy.stop()
+
+
+@needs_sglang
+def test_a_prompt_longer_than_sglang_takes_fails_with_its_reason(sglang, tiny_model):
+    """Its context (32,768 positions here) is more than a session's text limit allows;
+    an LM server configured with less refuses such a prompt in an error chunk."""
+    server, export = sglang
+    lm = SGLangLM(tiny_model, server.url, export)
+    text = tiny_model.tokenizer.encode("and then ") * 4000
+
+    async def go(ids):
+        stream = lm.generate(
+            ids, tiny_model.voices["agent"], SamplingParams(), torch.Generator(), 0, 20
+        )
+        return [t async for new in stream for t in new]
+
+    assert len(text) > 33_000
+    with pytest.raises(EngineError) as refused:
+        run(go(text))
+    assert type(refused.value) is EngineError and "longer" in str(refused.value)
+    assert run(go(text[:20]))  # and it serves on
+
+
 class Router:
     """sglang-router (the SGLang project's load balancer) in front of `workers`."""
 
@@ -337,10 +492,12 @@ def test_turns_run_through_sglang_router_and_readiness_follows_its_workers(
         config = ServerConfig(port=free_port())
         with BackgroundServer(tiny_model, config, SGLangLM(tiny_model, empty.url, export)) as vs:
             lonely = httpx.get(f"{vs.http}/readyz")
+            refused = run(go())  # (what was seen: synthesis_failed, with the router's words)
     assert ready.status_code == 200, ready.text
     assert spoken.frames and spoken.event("turn.done")["timings"]["tokens"] > 0
     assert lonely.status_code == 503
     assert lonely.json()["reasons"] == ["LM engine 'sglang' is not reachable"]
+    assert refused.event("error")["code"] == "engine_unavailable", refused.events
 
 
 @needs_sglang

@@ -337,9 +337,10 @@ class EmbeddedLM:
             return
         try:
             self._decode(reqs)
-        except Exception:
-            if len(reqs) == 1:
-                raise
+        except Exception as exc:
+            if len(reqs) == 1:  # (the others sat out: they are not to blame)
+                self._fail(reqs[0], exc)
+                return
             # Which request broke the batch? Each alone: a decode step only writes its
             # own KV positions, so running one again is safe; the others carry on.
             log.warning("an LM step of %d requests failed; running each alone", len(reqs))

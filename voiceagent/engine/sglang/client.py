@@ -7,6 +7,12 @@ phases: first exactly `min_len` tokens with the stop tokens pushed down (logit_b
 then the rest with the stop tokens allowed; the second phase's prompt repeats the first
 (SGLang's prefix cache makes that free). Cancel aborts the request on the server
 (`/abort_request` with its rid) so no accelerator time is wasted.
+
+SGLang answers a streamed request it cannot serve with HTTP 200 all the same: an `error`
+chunk, or a chunk whose finish reason is an abort with a status (its queue is full). Those
+fail the request like an HTTP error status does: a status of 500 or more (the server, a
+router without workers, an overloaded proxy) as `EngineUnavailable`, the rest as
+`EngineError`. A stream that ends without saying so is the server going away.
 """
 
 from __future__ import annotations
@@ -56,7 +62,11 @@ class SGLangLM:
         }
         self._active: set[str] = set()
         self._aborts: set[asyncio.Task[None]] = set()
+        # One connection per live request (httpx's default pool of 100 would hold up the
+        # 101st turn, and the readiness probe, while SGLang itself is fine); probes and
+        # aborts have a client of their own.
         self._client: httpx.AsyncClient | None = None
+        self._control: httpx.AsyncClient | None = None
         self._probe: str | None = None  # the readiness path, once the server told us
         self.steps = 0
         self.metrics = Metrics()  # replaced by the engine's
@@ -78,13 +88,13 @@ class SGLangLM:
         router's `/health` says 200 even when no SGLang server is behind it."""
         try:
             if self._probe is None:
-                r = await self._http().get(f"{self.url}/readiness", timeout=2.0)
+                r = await self._controls().get(f"{self.url}/readiness", timeout=2.0)
                 if r.status_code == 404:
                     self._probe = "/health"
                 else:
                     self._probe = "/readiness"
                     return r.status_code == 200
-            r = await self._http().get(f"{self.url}{self._probe}", timeout=2.0)
+            r = await self._controls().get(f"{self.url}{self._probe}", timeout=2.0)
             return r.status_code == 200
         except httpx.HTTPError:
             return False
@@ -125,15 +135,21 @@ class SGLangLM:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=5.0))
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s, connect=5.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            )
         return self._client
+
+    def _controls(self) -> httpx.AsyncClient:
+        if self._control is None:
+            self._control = httpx.AsyncClient(timeout=5.0)
+        return self._control
 
     async def _abort(self, rid: str) -> None:
         for phase_rid in (f"{rid}-a", rid):  # whichever phase was running
             with contextlib.suppress(httpx.HTTPError):
-                await self._http().post(
-                    f"{self.url}/abort_request", json={"rid": phase_rid}, timeout=5.0
-                )
+                await self._controls().post(f"{self.url}/abort_request", json={"rid": phase_rid})
 
     async def _run(
         self,
@@ -192,9 +208,14 @@ class SGLangLM:
             stream.feed(None)
         except asyncio.CancelledError:
             raise
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, EngineUnavailable) as exc:
             m.sglang_failures.labels("unavailable").inc()
-            stream.feed(EngineUnavailable(f"SGLang at {self.url} is unavailable: {exc!r}"))
+            log.warning("SGLang request %s: %s is unavailable: %r", rid, self.url, exc)
+            stream.feed(EngineUnavailable("the LM server is unavailable"))
+        except EngineError as exc:  # it refused the request and said why
+            m.sglang_failures.labels("error").inc()
+            log.warning("SGLang request %s failed: %s", rid, exc)
+            stream.feed(exc)
         except Exception as exc:
             m.sglang_failures.labels("error").inc()
             log.exception("SGLang request %s failed", rid)
@@ -216,7 +237,7 @@ class SGLangLM:
         async with self._http().stream("POST", f"{self.url}/generate", json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")[:300]
-                raise EngineError(f"SGLang refused the request ({resp.status_code}): {text}")
+                raise _refusal(resp.status_code, text)
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -224,6 +245,11 @@ class SGLangLM:
                 if data == "[DONE]":
                     return
                 chunk = json.loads(data)
+                if isinstance(chunk.get("error"), dict | str):
+                    error = chunk["error"]
+                    status = error.get("code", 400) if isinstance(error, dict) else 400
+                    message = error.get("message", error) if isinstance(error, dict) else error
+                    raise _refusal(status, str(message)[:300])
                 out = chunk.get("output_ids") or []
                 info = chunk.get("meta_info", {})
                 total = int(info.get("completion_tokens", seen + len(out)))
@@ -233,4 +259,16 @@ class SGLangLM:
                     yield new, int(info.get("cached_tokens", 0))
                 reason = info.get("finish_reason")
                 if isinstance(reason, dict) and reason.get("type") == "abort":
+                    # ours is a cancel, which stops this task first: this is the server's
+                    status = reason.get("status_code") or 503
+                    raise _refusal(status, f"it aborted the request: {reason.get('message', '')}")
+                if reason is not None:
                     return
+        raise EngineUnavailable("the stream ended before the request did")
+
+
+def _refusal(status: Any, text: str) -> EngineError:
+    """SGLang's refusal of a request: its server-side statuses mean it cannot serve now."""
+    code = status if isinstance(status, int) else 500
+    cls = EngineUnavailable if code >= 500 else EngineError
+    return cls(f"SGLang refused the request ({code}): {text}")
