@@ -265,6 +265,50 @@ def test_delete_removes_the_file_and_the_voice(voice_server, phone):
     assert again.status_code == 201, again.text
 
 
+def test_a_voice_file_the_model_cannot_load_can_be_deleted_and_its_name_reused(
+    make_server, clone_dir, tmp_path, phone
+):
+    """What was seen: a tenant's voice file the server could not load (corrupt, or made for
+    another model before a model swap) made its name 409 on POST and 404 on GET and
+    DELETE: the tenant could neither see, use, delete nor make that voice again."""
+    voices = tmp_path / "voices"
+    (voices / "default").mkdir(parents=True)
+    stale = voices / "default" / "anna.pt"
+    stale.write_bytes(b"not a voice file")
+    server = make_server(fresh_model(clone_dir), voices_dir=voices, playout=FAST)
+    http, audio = server.http, wav_bytes(pcm_of(phone), PHONE)
+    taken = assert_error(create(server, audio=audio, name="anna"), 409, "voice_exists")
+    assert "cannot be loaded" in taken["message"]
+    assert httpx.delete(f"{http}/v1/voices/anna").status_code == 204
+    assert not stale.exists()
+    assert create(server, audio=audio, name="anna", transcript=phone.text).status_code == 201
+    assert_speaks(server, "anna")
+
+
+def test_a_voice_file_removed_by_hand_is_forgotten_with_its_cached_state(
+    make_server, clone_dir, tmp_path, phone
+):
+    server = make_server(
+        fresh_model(clone_dir), voices_dir=tmp_path / "voices", voices_rescan_s=0.1, playout=FAST
+    )
+    r = create(server, audio=wav_bytes(pcm_of(phone), PHONE), name="temp")
+    assert r.status_code == 201, r.text
+    assert_speaks(server, "temp")  # primes and caches its flow state
+    acoustic = server.engine.acoustic
+    assert "default/temp" in acoustic.primed_voices()
+    (tmp_path / "voices" / "default" / "temp.pt").unlink()  # an operator's rm
+
+    async def forgotten() -> None:
+        for _ in range(100):
+            if "default/temp" not in acoustic.primed_voices():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the removed voice's flow state is still cached")
+
+    run(forgotten())
+    assert "default/temp" not in server.engine.model.voices
+
+
 def test_shared_voices_cannot_be_deleted(voice_server):
     r = httpx.delete(f"{voice_server.http}/v1/voices/agent")
     assert_error(r, 403, "forbidden")

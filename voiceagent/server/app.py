@@ -222,6 +222,7 @@ class VoiceServer:
             del self._voice_files[path]
             key = self._voice_key(path)
             if self.engine.model.voices.pop(key, None) is not None:
+                self.engine.acoustic.forget_voice(key)  # and its cached flow state
                 log.info("voice '%s' removed (%s was deleted)", key, path)
         for path in self._changed_voice_files():
             self._voice_files[path] = path.stat().st_mtime

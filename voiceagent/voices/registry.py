@@ -201,8 +201,14 @@ class VoiceRegistry:
         tenant = principal.tenant
         voice_id = name or new_voice_id()
         path = folder / tenant / f"{voice_id}.pt"
-        if path in self._creating or path.exists() or f"{tenant}/{voice_id}" in model.voices:
+        if path in self._creating or f"{tenant}/{voice_id}" in model.voices:
             raise VoiceError(ErrorCode.VOICE_EXISTS, f"voice {voice_id!r} already exists")
+        if path.exists():  # a file the rescan could not load
+            raise VoiceError(
+                ErrorCode.VOICE_EXISTS,
+                f"voice {voice_id!r} already exists, but its file cannot be loaded by this "
+                "model; DELETE it to use the name again",
+            )
         self._creating.add(path)
         try:
             async with self._slots:
@@ -306,7 +312,9 @@ class VoiceRegistry:
     def delete(self, principal: Principal, voice_id: str) -> None:
         catalog = self.host.catalog_for(principal)
         if voice_id not in catalog.voices:
-            raise _unknown(voice_id)
+            if not self._delete_unloadable(principal.tenant, voice_id):
+                raise _unknown(voice_id)
+            return
         key = catalog.voice_key(voice_id)
         if "/" not in key:
             raise VoiceError(
@@ -322,6 +330,23 @@ class VoiceRegistry:
         self.host.model.voices.pop(key, None)  # also if its file was already gone
         self.host.forget_voice(key)
         log.info("voice '%s' deleted", key)
+
+
+    def _delete_unloadable(self, tenant: str, voice_id: str) -> bool:
+        """A tenant's voice file the server could not load (made for another model, or
+        damaged) is not a voice, but its name is taken until it is deleted."""
+        folder = self.host.voices_dir
+        try:
+            check_name(voice_id)
+        except ValueError:
+            return False
+        path = None if folder is None else folder / tenant / f"{voice_id}.pt"
+        if path is None or not path.is_file():
+            return False
+        path.unlink(missing_ok=True)
+        self._meta.pop(path, None)
+        log.info("voice file %s deleted (the server could not load it)", path)
+        return True
 
 
 def _unknown(voice_id: str) -> VoiceError:
