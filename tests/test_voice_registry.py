@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import threading
 import wave
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.server.voices_api import HAS_MULTIPART
 from voiceagent.session.playout import PlayoutConfig
 from voiceagent.text.normalize import normalize
+from voiceagent.voices import registry as registry_module
 from voiceagent.voices.reference import MAX_UPLOAD_BYTES
 
 SECRET = "registry-test-secret"
@@ -307,6 +309,27 @@ def test_a_voice_file_removed_by_hand_is_forgotten_with_its_cached_state(
 
     run(forgotten())
     assert "default/temp" not in server.engine.model.voices
+
+
+def test_listing_reads_the_voice_files_off_the_event_loop(voice_server, phone, monkeypatch):
+    """What was seen: the first listing of 1,500 voices after a restart read every file on
+    the event loop; /healthz took 2.2 s meanwhile, and so did every session's audio."""
+    for name in ("one", "two"):
+        r = create(voice_server, audio=wav_bytes(pcm_of(phone), PHONE), name=name)
+        assert r.status_code == 201, r.text
+    readers: list[str] = []
+    real = registry_module.read_voice_file
+
+    def reading(path):
+        readers.append(threading.current_thread().name)
+        return real(path)
+
+    monkeypatch.setattr(registry_module, "read_voice_file", reading)
+    registry = voice_server.voice_server.registry
+    registry._meta.clear()  # as after a restart: nothing read yet
+    listed = httpx.get(f"{voice_server.http}/v1/voices").json()
+    assert {"one", "two"} <= set(listed["voices"])
+    assert len(readers) >= 2 and voice_server._thread.name not in readers, readers
 
 
 def test_shared_voices_cannot_be_deleted(voice_server):

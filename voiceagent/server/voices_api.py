@@ -273,7 +273,7 @@ def voice_routes(registry: VoiceRegistry) -> list[BaseRoute]:
     async def collection(request: Request) -> Response:
         principal = principal_of(request)
         if request.method == "GET":
-            infos = registry.list(principal)
+            infos = await registry.list(principal)
             return JSONResponse(
                 {"voices": [i.id for i in infos], "data": [i.to_json() for i in infos]}
             )

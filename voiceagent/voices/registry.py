@@ -129,9 +129,12 @@ class VoiceRegistry:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def list(self, principal: Principal) -> list[VoiceInfo]:
+    async def list(self, principal: Principal) -> list[VoiceInfo]:
+        """The caller's voices; their files' metadata is read off the event loop (a
+        tenant's first listing after a restart may read thousands)."""
         catalog = self.host.catalog_for(principal)
-        return [self._info(catalog, name) for name in catalog.voices]
+        names = tuple(catalog.voices)
+        return await asyncio.to_thread(lambda: [self._info(catalog, name) for name in names])
 
     def get(self, principal: Principal, voice_id: str) -> VoiceInfo:
         catalog = self.host.catalog_for(principal)
