@@ -334,7 +334,6 @@ class VoiceRegistry:
         self.host.forget_voice(key)
         log.info("voice '%s' deleted", key)
 
-
     def _delete_unloadable(self, tenant: str, voice_id: str) -> bool:
         """A tenant's voice file the server could not load (made for another model, or
         damaged) is not a voice, but its name is taken until it is deleted."""
