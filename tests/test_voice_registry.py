@@ -459,6 +459,9 @@ WAV = {"Content-Type": "audio/wav"}
         ({"json": {"audio": "AAAA", "language": "klingon"}}, 400, "invalid_parameter"),
         ({"json": {"audio": "AAAA", "transcript": "x" * 1001}}, 400, "invalid_parameter"),
         ({"content": b"RIFF", "headers": WAV}, 415, "unsupported_media_type"),
+        # what was seen: 201 with a random id, no transcript and language auto
+        ({"json": {"audio": "AAAA", "voice_name": "x", "text": "hi"}}, 400, "invalid_parameter"),
+        ({"json": {"audio": "AAAA", "name": ""}}, 400, "invalid_parameter"),
     ],
 )  # fmt: skip
 def test_malformed_requests_are_refused(refusing_server, kwargs, status, code):

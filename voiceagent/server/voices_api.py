@@ -221,9 +221,21 @@ async def read_audio_request(
     return await _from_form(request, body, file_part)
 
 
+UPLOAD_FIELDS = frozenset({"name", "transcript", "language"})
+
+
 async def read_upload(request: Request) -> Upload:
     """A `POST /v1/voices` body."""
     audio, fields = await read_audio_request(request)
+    unknown = sorted(set(fields) - UPLOAD_FIELDS)
+    if unknown:  # a misspelt field would make a voice other than the one asked for
+        raise VoiceError(
+            ErrorCode.INVALID_PARAMETER,
+            f"unknown field(s) {', '.join(unknown)[:200]}; a voice takes "
+            f"{', '.join(sorted(UPLOAD_FIELDS))} and its audio",
+        )
+    if fields.get("name") == "":
+        raise VoiceError(ErrorCode.INVALID_PARAMETER, "'name' is empty: leave it out for an id")
     if audio is None:
         raise VoiceError(
             ErrorCode.INVALID_MESSAGE,
