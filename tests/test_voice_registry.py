@@ -469,6 +469,25 @@ def test_malformed_requests_are_refused(refusing_server, kwargs, status, code):
     assert_error(r, status, code)
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "code"),
+    [
+        ("GET", "/v1/voices/acme%2Fanna", 404, "not_found"),
+        ("GET", "/v1/nothing-here", 404, "not_found"),
+        ("PUT", "/v1/voices/anna", 405, "method_not_allowed"),
+        ("DELETE", "/v1/voices", 405, "method_not_allowed"),
+    ],
+)
+def test_paths_and_methods_the_server_lacks_get_coded_errors(
+    refusing_server, method, path, status, code
+):
+    # what was seen: Starlette's plain-text 'Not Found' and 'Method Not Allowed'
+    r = httpx.request(method, refusing_server.http + path)
+    assert_error(r, status, code)
+    if status == 405:
+        assert "GET" in r.headers["allow"]
+
+
 def test_the_server_serves_on_after_refusals(refusing_server, phone):
     """Runs after the refusals above, on the same server."""
     r = create(refusing_server, audio=wav_bytes(pcm_of(phone), PHONE), name="after")

@@ -36,6 +36,7 @@ from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -55,6 +56,7 @@ from ..compat.routes import compat_routes
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
+from ..protocol.errors import ErrorCode
 from ..protocol.messages import Sampling
 from ..protocol.roles import Role, parse_roles
 from ..protocol.session import Catalog, Limits
@@ -163,7 +165,12 @@ class VoiceServer:
             log.info("no demo page at / (%s has no index.html; see serve --web)", web)
         twilio_signed = bool(config.telephony.twilio_auth_token)
         guard = Middleware(AuthMiddleware, gate=self.gate, twilio_signed=twilio_signed)
-        self.app = Starlette(routes=routes, lifespan=self._lifespan, middleware=[guard])
+        self.app = Starlette(
+            routes=routes,
+            lifespan=self._lifespan,
+            middleware=[guard],
+            exception_handlers={404: coded_http_error, 405: coded_http_error},
+        )
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -420,6 +427,22 @@ class DrainingServer(uvicorn.Server):
                 self.should_exit = True
 
         self._drain = asyncio.get_running_loop().create_task(drain())
+
+
+HTTP_CODES = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}
+
+
+async def coded_http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 and 405 (no such path, or not that method) as coded JSON
+    errors like every other refusal, not plain text."""
+    assert isinstance(exc, HTTPException)
+    code = HTTP_CODES[exc.status_code]
+    message = f"{request.method} {request.url.path[:200]} is not served here ({exc.detail})"
+    return JSONResponse(
+        {"type": "error", "code": str(code), "message": message},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 async def serve(server: VoiceServer, log_level: str = "info") -> None:
