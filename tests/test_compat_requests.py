@@ -6,6 +6,8 @@ defaults). And a client that hangs up stops its synthesis, streaming or not."""
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from typing import Any
 
@@ -94,3 +96,25 @@ def test_a_draining_server_refuses_new_requests_in_each_api_s_own_error_shape(
         assert r.status_code == 503, (api.__name__, r.status_code, r.text)
         assert "server_draining" in r.text, (api.__name__, r.text)
         assert r.headers["retry-after"], api.__name__
+
+
+@pytest.mark.parametrize("path", ["/v1/voices", "/v1/tts", "/v1/audio/speech", "/tts/bytes"])
+def test_a_client_that_hangs_up_mid_body_is_no_error(make_server, caplog, path):
+    """What was seen: `POST /v1/voices failed` (and /v1/tts) at ERROR with a traceback
+    for a client that went away during its upload: nothing was wrong with the server."""
+    server = make_server()
+    host, port = server.http.removeprefix("http://").split(":")
+    uvicorn_log = logging.getLogger("uvicorn.error")  # (it does not propagate to the root)
+    uvicorn_log.addHandler(caplog.handler)
+    with socket.create_connection((host, int(port))) as sock:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"audio": "AAAA')
+        time.sleep(0.3)
+    time.sleep(0.5)
+    uvicorn_log.removeHandler(caplog.handler)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+    assert httpx.get(server.http + "/healthz").status_code == 200

@@ -38,7 +38,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -169,7 +169,11 @@ class VoiceServer:
             routes=routes,
             lifespan=self._lifespan,
             middleware=[guard],
-            exception_handlers={404: coded_http_error, 405: coded_http_error},
+            exception_handlers={
+                404: coded_http_error,
+                405: coded_http_error,
+                ClientDisconnect: client_gone,
+            },
         )
 
     @contextlib.asynccontextmanager
@@ -443,6 +447,13 @@ async def coded_http_error(request: Request, exc: Exception) -> Response:
         status_code=exc.status_code,
         headers=exc.headers,
     )
+
+
+async def client_gone(request: Request, exc: Exception) -> Response:
+    """A client that hung up while its body came in: nothing went wrong here (Starlette
+    would log it as an error with a traceback)."""
+    log.debug("%s %s: the client went away", request.method, request.url.path[:200])
+    return Response(status_code=499)  # (nobody reads it)
 
 
 async def serve(server: VoiceServer, log_level: str = "info") -> None:

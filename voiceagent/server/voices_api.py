@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Message
@@ -270,6 +270,8 @@ def answering(handler: Handler) -> Handler:
         except ApiError as exc:  # the drop-in APIs' refusals (compat/cloning.py)
             headers = {"Retry-After": "2"} if exc.status in (429, 503) else None
             return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        except ClientDisconnect:
+            raise  # the server's (app.py): no error of ours
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
             return error(ErrorCode.INTERNAL_ERROR, "the request failed unexpectedly (logged)")
