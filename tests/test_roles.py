@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -175,3 +176,16 @@ def test_an_edited_roles_file_applies_without_a_restart(make_server, tmp_path, t
     assert before["roles"] == ["calm", "support"]
     assert started["type"] == "turn.started" and started["voice"] == "sales"
     assert again.frames
+
+
+def test_a_roles_file_that_goes_missing_is_warned_about_once(
+    make_server, tmp_path, tiny_model, caplog
+):
+    # what was seen: the same warning every rescan (2 s), for as long as it was missing
+    path = roles_file(tmp_path, next(iter(tiny_model.voices)))
+    server = make_server(roles_file=path, voices_rescan_s=0.05)
+    path.unlink()
+    time.sleep(1.0)
+    warned = [r for r in caplog.records if "roles not (re)loaded" in r.getMessage()]
+    assert len(warned) == 1, [r.getMessage() for r in warned]
+    assert "support" in server.voice_server.catalog.roles  # the roles read before stay

@@ -137,7 +137,7 @@ class VoiceServer:
         self._voice_files: dict[Path, float] = {}
         self._catalogs: dict[tuple[str, str | None], Catalog] = {}
         self.roles: dict[str, Role] = {}
-        self._roles_seen: float | None = None
+        self._roles_seen: float | None = -1.0  # the roles file's mtime (None: missing)
         self.rescan_voices()
         self.webrtc = WebRtcGateway(self, config.webrtc)
         self.registry = make_registry(self)  # voices made from reference audio
@@ -260,9 +260,12 @@ class VoiceServer:
             return
         try:
             seen = path.stat().st_mtime
-            if seen == self._roles_seen:
-                return
-            self._roles_seen = seen
+        except OSError:
+            seen = None  # missing: said once, until it is back
+        if seen == self._roles_seen:
+            return
+        self._roles_seen = seen
+        try:
             self.roles = parse_roles(path.read_text(encoding="utf-8"), str(path))
         except (OSError, ValueError) as exc:
             log.warning("roles not (re)loaded, keeping %d: %s", len(self.roles), exc)
