@@ -30,7 +30,7 @@ from conftest import run
 from voiceagent.auth import keys
 from voiceagent.auth.gate import AuthConfig
 from voiceagent.bench import phone_speech
-from voiceagent.bench.clients import Client, connect
+from voiceagent.bench.clients import Client, TurnResult, connect
 from voiceagent.model import checkpoint
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.voice_store import load_voice, read_voice_file
@@ -239,6 +239,31 @@ def test_a_shared_name_may_be_shadowed_by_the_tenant(voice_server, phone):
     assert httpx.delete(f"{voice_server.http}/v1/voices/agent").status_code == 204
     back = httpx.get(f"{voice_server.http}/v1/voices/agent").json()
     assert back["owner"] == "shared"  # the shared voice shows through again
+
+
+def test_a_session_on_a_deleted_voice_that_shadowed_a_shared_one_is_told(voice_server, phone):
+    """What was seen: the session's next turn spoke with the shared voice of that name
+    instead, without a word; docs/voices.md says a deleted voice is `unknown_voice`."""
+    r = create(voice_server, audio=wav_bytes(pcm_of(phone), PHONE), name="agent")
+    assert r.status_code == 201, r.text
+
+    async def go() -> tuple[dict, dict, TurnResult]:
+        async with connect(voice_server.url) as ws:
+            c = Client(ws)
+            await c.start(voice="agent")
+            assert (await c.speak(SPOKEN)).frames
+            deleted = await asyncio.to_thread(httpx.delete, f"{voice_server.http}/v1/voices/agent")
+            assert deleted.status_code == 204
+            await c.send({"type": "speak", "text": SPOKEN})
+            refused = await c.event()
+            await c.send({"type": "session.update", "voice": "agent"})  # chosen anew
+            updated = await c.event()
+            return refused, updated, await c.speak(SPOKEN)
+
+    refused, updated, shared = run(go())
+    assert refused["type"] == "error" and refused["code"] == "unknown_voice", refused
+    assert updated["type"] == "session.updated"
+    assert shared.frames and shared.event("turn.started")["voice"] == "agent"
 
 
 # -- deleting ---------------------------------------------------------------------------

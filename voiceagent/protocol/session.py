@@ -142,6 +142,7 @@ class SessionCore:
     _ducked: bool = False
     onset_held: bool = False  # the listener speaks, and the guard kept that from a barge-in
     _asked: set[str] = field(default_factory=set)  # flat settings the client set itself
+    _voice_key: str = ""  # the model's voice for `settings.voice` when it was chosen
 
     @property
     def started(self) -> bool:
@@ -243,6 +244,7 @@ class SessionCore:
         changes = self.catalog.with_role(changes)
         self.settings = self._pin(apply_settings(self._base(), changes, self.catalog.names))
         self._asked = set(flatten_settings(asked))
+        self._voice_key = self.catalog.voice_key(self.settings.voice)
         return [SendEvent(self.describe())]
 
     def _base(self) -> Settings:
@@ -271,6 +273,8 @@ class SessionCore:
         changes = {**self._role_undone(changes), **self.catalog.with_role(changes)}
         self.settings = self._pin(apply_settings(self.settings, changes, self.catalog.names))
         self._asked |= set(flatten_settings(asked))
+        if "voice" in asked:
+            self._voice_key = self.catalog.voice_key(self.settings.voice)
         # Turns already opened keep the settings they started with.
         return [SendEvent({"type": "session.updated", "settings": self.settings.to_dict()})]
 
@@ -357,12 +361,23 @@ class SessionCore:
                 "the model has no voices yet; add one (voiceagent voice add) and choose it",
             )
         check_voice(voice, self.catalog.names)
+        if cmd.voice is None and self._chosen_voice_gone():
+            raise ProtocolError(
+                ErrorCode.UNKNOWN_VOICE,
+                f"the voice {voice[:64]!r} of this session was deleted; choose a voice again",
+            )
         if len(cmd.text) > self.limits.max_text_chars:
             raise ProtocolError(
                 ErrorCode.TEXT_TOO_LONG,
                 f"turn text would exceed {self.limits.max_text_chars} characters",
             )
         self._spend(len(cmd.text))  # last: nothing is spent on text refused for another reason
+
+    def _chosen_voice_gone(self) -> bool:
+        """The tenant's own voice the session chose is deleted, though its name still
+        stands for another (the shared voice it shadowed)."""
+        key = self._voice_key
+        return "/" in key and key not in self.catalog.keys.values()
 
     def _spend(self, chars: int) -> None:
         refused = self.budget.take_chars(chars) if self.budget is not None else None
