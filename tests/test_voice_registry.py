@@ -662,3 +662,39 @@ def test_voice_files_keep_the_lm_prompt_flag_and_older_files_load(tmp_path):
     torch.save(old, tmp_path / "old.pt")
     assert load_voice(tmp_path / "old.pt").lm_prompt
     assert read_voice_file(tmp_path / "old.pt")[1:] == ("hello", {})
+
+
+def test_a_tenant_s_voices_are_bounded_by_its_quota(make_server, clone_dir, tmp_path, phone):
+    """What was seen: one key made voices without end (each a file on disk and a voice in
+    memory, scanned for every tenant's catalog)."""
+    keys_file = tmp_path / "keys.toml"
+    keys_file.write_text("[tenants.acme]\nvoices = 2\n")
+    acme, _ = keys.add_key(keys_file, "acme")
+    globex, _ = keys.add_key(keys_file, "globex")
+    auth = AuthConfig("on", keys_file, SECRET, token_ttl_s=600)  # type: ignore[arg-type]
+    server = make_server(
+        fresh_model(clone_dir), voices_dir=tmp_path / "voices", playout=FAST, auth=auth
+    )
+    audio = wav_bytes(pcm_of(phone), PHONE)
+
+    async def burst(key: str, names: list[str]) -> list[int]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            body = {"audio": base64.b64encode(audio).decode()}
+            posts = [
+                client.post(
+                    f"{server.http}/v1/voices",
+                    json=body | {"name": name},
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+                for name in names
+            ]
+            return sorted(r.status_code for r in await asyncio.gather(*posts))
+
+    assert run(burst(acme, ["a1", "a2", "a3", "a4"])) == [201, 201, 429, 429]
+    over = create(server, acme, audio=audio, name="a5")
+    body = assert_error(over, 429, "quota_exceeded")
+    assert "2 voices" in body["message"]
+    assert run(burst(globex, ["g1", "g2", "g3"])) == [201, 201, 201]  # its own quota: none
+    gone = httpx.delete(f"{server.http}/v1/voices/a1", headers={"Authorization": f"Bearer {acme}"})
+    assert gone.status_code == 204
+    assert create(server, acme, audio=audio, name="a5").status_code == 201  # room again

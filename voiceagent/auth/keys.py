@@ -86,7 +86,7 @@ def _quota(table: object, base: Quota, where: str) -> Quota:
     if not isinstance(table, dict):
         raise ValueError(f"{where} should be a table")
     values = {}
-    for name in ("sessions", "turns_per_min", "chars_per_min"):
+    for name in ("sessions", "turns_per_min", "chars_per_min", "voices"):
         value = table.get(name, getattr(base, name))
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{where}.{name} should be a whole number >= 0")

@@ -37,6 +37,7 @@ from ..model.speech_model import SpeechModel
 from ..protocol.errors import ErrorCode
 from ..protocol.json_text import parse_json
 from ..protocol.session import Catalog
+from ..session.admission import Admission
 from ..transport.http_body import BodyTooLarge, read_body
 from ..voices.reference import MAX_UPLOAD_BYTES, ReferenceAudioError
 from ..voices.registry import VoiceError, VoiceRegistry
@@ -57,6 +58,7 @@ STATUS = {
     ErrorCode.VOICE_EXISTS: 409,
     ErrorCode.AUDIO_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
+    ErrorCode.QUOTA_EXCEEDED: 429,
     ErrorCode.AUDIO_UNREADABLE: 422,
     ErrorCode.AUDIO_TOO_SHORT: 422,
     ErrorCode.AUDIO_TOO_LONG: 422,
@@ -94,6 +96,9 @@ class VoiceServer(Protocol):
     @property
     def config(self) -> _Config: ...
 
+    @property
+    def admission(self) -> Admission: ...
+
     def rescan_voices(self) -> None: ...
 
     def catalog_for(self, principal: Principal) -> Catalog: ...
@@ -121,6 +126,9 @@ class _Host:
 
     def forget_voice(self, key: str) -> None:
         self.server.engine.acoustic.forget_voice(key)
+
+    def voice_quota(self, tenant: str) -> int:
+        return self.server.admission.quota(tenant).voices
 
 
 async def _read_body(request: Request) -> bytes:

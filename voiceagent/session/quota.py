@@ -1,6 +1,6 @@
-"""Per-tenant quotas: concurrent sessions, turns per minute, characters per minute. A
-request over a quota is refused at once (`quota_exceeded`); nothing waits. No I/O: the
-clock is a parameter, so tests step it."""
+"""Per-tenant quotas: concurrent sessions, turns per minute, characters per minute, and
+voices kept (voices/registry.py counts those). A request over a quota is refused at once
+(`quota_exceeded`); nothing waits. No I/O: the clock is a parameter, so tests step it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ class Quota:
     sessions: int = 0
     turns_per_min: int = 0
     chars_per_min: int = 0
+    voices: int = 0  # voices of its own (POST /v1/voices), made or being made
 
 
 class PerMinute:

@@ -71,6 +71,10 @@ class VoiceHost(Protocol):
 
     def forget_voice(self, key: str) -> None: ...
 
+    def voice_quota(self, tenant: str) -> int:
+        """How many voices of its own the tenant may keep (0: no limit)."""
+        ...
+
 
 @dataclass(frozen=True)
 class VoiceInfo:
@@ -125,6 +129,9 @@ class VoiceRegistry:
         self._frontend_lock = threading.Lock()
         self._creating: set[Path] = set()  # names reserved by creations in progress
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CREATES)
+        # one creation at a time per tenant: a tenant's burst waits behind itself, and
+        # the other slot stays for other tenants (and for one-off voices)
+        self._tenant_turn: dict[str, asyncio.Lock] = {}
         self._meta: dict[Path, tuple[float, tuple[str, dict[str, Any]]]] = {}
 
     # -- reading ---------------------------------------------------------------------------
@@ -212,15 +219,19 @@ class VoiceRegistry:
                 f"voice {voice_id!r} already exists, but its file cannot be loaded by this "
                 "model; DELETE it to use the name again",
             )
+        self._check_quota(tenant)
         self._creating.add(path)
+        lock = self._tenant_turn.setdefault(tenant, asyncio.Lock())
         try:
-            async with self._slots:
+            async with lock, self._slots:
                 ref = await asyncio.to_thread(prepare_reference, audio)
                 info = await asyncio.to_thread(
                     self._make, path, voice_id, ref, transcript, language
                 )
         finally:
             self._creating.discard(path)
+            if not lock.locked():
+                self._tenant_turn.pop(tenant, None)
         self.host.rescan_voices()  # registers "TENANT/NAME" and refreshes the catalogs
         log.info(
             "voice '%s/%s' made from %.1f s of audio at %d Hz",
@@ -230,6 +241,20 @@ class VoiceRegistry:
             ref.source_rate,
         )
         return info
+
+    def _check_quota(self, tenant: str) -> None:
+        """Its voices, those being made included, against its quota."""
+        limit = self.host.voice_quota(tenant)
+        if not limit:
+            return
+        prefix = f"{tenant}/"
+        kept = sum(1 for key in self.host.model.voices if key.startswith(prefix))
+        making = sum(1 for path in self._creating if path.parent.name == tenant)
+        if kept + making >= limit:
+            raise VoiceError(
+                ErrorCode.QUOTA_EXCEEDED,
+                f"tenant '{tenant}' is at its quota of {limit} voices; delete one first",
+            )
 
     def _make(
         self,
