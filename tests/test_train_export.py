@@ -307,3 +307,54 @@ def test_an_export_keeps_the_train_sentences_gzipped_and_the_seed_unpacks_them(
         p.name for p in corpus.corpus_dir(work).iterdir()
     )
     assert (corpus.corpus_dir(fresh) / "train.tsv").read_bytes() == plain
+
+
+def test_a_seed_cut_short_goes_on_where_it_stopped(
+    trained: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """What was seen: a seed killed after its first copy (the codebook) left a work
+    directory that the next seed took for one with a codebook of its own: it copied
+    nothing more, and the parts trained from step 0."""
+    work = _with_codebook(trained, tmp_path / "w")
+    snap = export.write(work, tmp_path / "snap")
+    fresh = write_work(tmp_path / "fresh")
+    shutil.rmtree(corpus.corpus_dir(fresh))
+    (tokens.tokens_dir(fresh) / "tokens.npz").unlink()
+    real = snapshot._weights
+
+    def killed_at_the_vocoder(source, part, state):
+        if part == "vocoder":
+            raise KeyboardInterrupt
+        return real(source, part, state)
+
+    monkeypatch.setattr(snapshot, "_weights", killed_at_the_vocoder)
+    with pytest.raises(KeyboardInterrupt):
+        list(snapshot.seed(fresh, snap))
+    monkeypatch.undo()
+    said = list(snapshot.seed(fresh, snap))
+    assert "seed: vocoder from step" in said[-1], said
+    assert (tokens.tokens_dir(fresh) / "codebook.npz").is_file()
+    assert corpus.load(fresh) == corpus.load(work)
+
+
+def test_an_export_that_fails_after_its_swap_leaves_the_new_voice_whole(
+    trained: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """What was seen: the old voice was deleted in place before the new one was moved
+    there, so a kill during the deletion left a voice that loaded half (or not at all)."""
+    work = _with_codebook(trained, tmp_path / "w")
+    voice = export.write(work, tmp_path / "voice")
+    real = shutil.rmtree
+
+    def killed_removing_the_old(path, *args, **kwargs):
+        if Path(path).name == "voice.old":
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(export.shutil, "rmtree", killed_removing_the_old)
+    with pytest.raises(KeyboardInterrupt):
+        export.write(work, voice)
+    monkeypatch.undo()
+    assert load(voice).voices  # the new one, whole
+    export.write(work, voice)  # and the next export clears what was left
+    assert not (tmp_path / "voice.old").exists()

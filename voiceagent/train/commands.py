@@ -541,8 +541,13 @@ def lowest_priority() -> None:
     between groups first, so nice alone only ranks processes within one group: measured
     here, a benchmark that takes 30 s took 5 min beside three nice-19 training stages
     started with setsid, and 30 s again once their group was niced. The group of a
-    process that shares a terminal's session is left alone (it would slow the shell)."""
+    process that shares a terminal's session is left alone (it would slow the shell).
+    Linux nices one thread at a time: the threads already running (numpy's BLAS
+    workers, started at its import) are niced each."""
     os.nice(19 - os.nice(0))
+    with contextlib.suppress(OSError):  # not Linux: the threads share the process's
+        for task in Path("/proc/self/task").iterdir():
+            os.setpriority(os.PRIO_PROCESS, int(task.name), 19)
     if os.getsid(0) == os.getpid():
         with contextlib.suppress(OSError):  # not Linux, or autogroup off
             Path("/proc/self/autogroup").write_text("19")

@@ -32,6 +32,7 @@ from typing import TypeVar
 from ..bench.phone_speech import TRANSCRIPTS, transcripts
 from ..text.normalize import normalize_english
 from . import templates
+from .files import read_marker, write_json
 from .spoken import is_speakable
 
 log = logging.getLogger(__name__)
@@ -244,12 +245,11 @@ def corpus_dir(work: Path) -> Path:
 
 def is_complete(work: Path, params: Params | None = None) -> bool:
     """A corpus is there (and was made with `params`, when given)."""
-    marker = corpus_dir(work) / "stage.json"
-    if not marker.is_file():
+    done = read_marker(corpus_dir(work) / "stage.json")
+    if done is None:
         return False
     if params is None:
         return True
-    done = json.loads(marker.read_text())
     return bool(done.get("params") == _params_json(params) and done.get("version") == VERSION)
 
 
@@ -289,7 +289,7 @@ def write(
         "sources": dict(sorted(sources.items())),
     }
     (d / "SOURCES.md").write_text(sources_md(summary, transcript), encoding="utf-8")
-    (d / "stage.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(d / "stage.json", summary)
     return summary
 
 

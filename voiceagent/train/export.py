@@ -13,6 +13,7 @@ as JSON; its presence tells the server the voice is not random) and training/ (w
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -74,7 +75,12 @@ def write(work: Path, out: Path) -> Path:
         "steps": steps,
     }
     (tmp / "TRAINED").write_text(json.dumps(provenance, indent=2) + "\n")
+    # Swapped in by renames: a run killed at any moment leaves the old voice or the new
+    # one whole (or, between the two renames, none: `serve` then says so)
+    old = out.with_name(out.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
     if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
     return out

@@ -12,7 +12,6 @@ On disk (DIR/feats/): <id>.npz with `wav` (int16, 24 kHz, 480 x frames samples) 
 from __future__ import annotations
 
 import hashlib
-import json
 import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import soxr
 
 from ..audio.features import prompt_mel
 from . import teacher
+from .files import read_marker, write_json, written
 
 RATE = 24000
 HOP = 480  # samples per mel frame
@@ -66,9 +66,8 @@ def compute(samples: np.ndarray, rate: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def save(path: Path, wav: np.ndarray, mel: np.ndarray) -> None:
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, wav=np.round(wav * 32767).astype(np.int16), mel=mel.astype(np.float32))
-    tmp.replace(path)
+    with written(path) as tmp:
+        np.savez(tmp, wav=np.round(wav * 32767).astype(np.int16), mel=mel.astype(np.float32))
 
 
 def load(work: Path, utt_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -85,10 +84,8 @@ def manifest_digest(work: Path) -> str:
 
 def is_complete(work: Path) -> bool:
     """Every utterance of the teacher's manifest has its features."""
-    path = feats_dir(work) / "stage.json"
-    if not path.is_file():
-        return False
-    return bool(json.loads(path.read_text()).get("manifest") == manifest_digest(work))
+    done = read_marker(feats_dir(work) / "stage.json")
+    return done is not None and done.get("manifest") == manifest_digest(work)
 
 
 def run(work: Path) -> Iterator[str]:
@@ -115,5 +112,5 @@ def run(work: Path) -> Iterator[str]:
         "mel_frames": frames_total,
         "manifest": manifest_digest(work),
     }
-    (out / "stage.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "stage.json", summary)
     yield f"feats: {len(utts)} utterances ({done} new), {frames_total / 50 / 3600:.2f} hours"

@@ -53,6 +53,7 @@ from ..model.cosyvoice2.flow import CosyFlow, FlowConfig
 from ..model.cosyvoice2.loader import flow_config
 from ..model.cosyvoice2.yaml_config import read_yaml
 from . import feats, inherit, tokens
+from .files import save_torch
 from .sizes import VOICE, voice_yaml
 from .update import anneal_factor, anneal_span, anneal_stop, step_precision, update
 
@@ -159,9 +160,7 @@ def speaker_vector(work: Path) -> Tensor:
         return torch.load(path, map_location="cpu", weights_only=True)
     vec = torch.randn(192, generator=torch.Generator().manual_seed(17))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(vec, tmp)
-    tmp.replace(path)
+    save_torch(vec, path)
     return vec
 
 
@@ -257,12 +256,6 @@ def heldout_loss(flow: CosyFlow, data: Data, p: Params, speaker: Tensor) -> floa
 
 
 # -- training ----------------------------------------------------------------------------
-
-
-def _save(path: Path, payload: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
 
 
 def _log(path: Path, rows: list[str]) -> None:
@@ -368,7 +361,7 @@ def train(
             "sizes": fs,
             "params": asdict(p),
         }
-        _save(out / CHECKPOINT, payload)
+        save_torch(payload, out / CHECKPOINT)
         _log(log_path, rows)
         rows.clear()
 

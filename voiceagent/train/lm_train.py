@@ -74,6 +74,7 @@ from ..text.lexicon import Lexicon
 from ..text.normalize import normalize
 from ..text.tokenizer import TextTokenizer
 from . import corpus, inherit, tokens
+from .files import save_torch
 from .sizes import RAS_TAU, TEMPERATURE, TOP_K, VOICE
 from .update import anneal_factor, anneal_span, anneal_stop, step_precision, update
 
@@ -585,7 +586,7 @@ class Trainer:
             "extra": self.extra,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        _save_atomic(state, path)
+        save_torch(state, path)
 
     @classmethod
     def load(
@@ -748,7 +749,7 @@ def train(
             # while the train CE fell from 1.63 to 0.98).
             tr.extra["best_heldout_ce"] = ce_held
             tr.extra["best_heldout_set"] = held_set
-            _save_atomic({"model": tr.lm.state_dict(), "step": tr.step}, best_path(work))
+            save_torch({"model": tr.lm.state_dict(), "step": tr.step}, best_path(work))
         tr.save(ckpt)
         return ce_train, ce_held, time.monotonic() - t0
 
@@ -834,12 +835,6 @@ def before_anneal_path(work: Path) -> Path:
 def best_path(work: Path) -> Path:
     """The weights with the lowest held-out cross-entropy so far."""
     return lm_dir(work) / "best.pt"
-
-
-def _save_atomic(obj: object, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    tmp.replace(path)
 
 
 def export_state(work: Path) -> dict[str, Tensor]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -38,6 +39,7 @@ from torch import Tensor
 from ..model.checkpoint import SHIPPED_VOICE
 from ..model.cosyvoice2.hift import HiFT, load_hift_state
 from . import corpus, flow_train, lm_train, tokens, vocoder_train
+from .files import save_torch
 
 TRAINING = "training"  # an export's folder beside the voice's files
 PACKED = "train.tsv"  # kept gzipped: 5.2 MB of text, 1.5 MB packed (50 MB for the voice)
@@ -74,11 +76,16 @@ def _state(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _copy(src: Path, dst: Path) -> None:
+    """Copied whole or not at all (a seed killed midway leaves no part that looks done)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
     if src.is_dir():
-        shutil.copytree(src, dst)
+        shutil.copytree(src, tmp)
+        _unpack(tmp)
     else:
-        shutil.copy2(src, dst)
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
 
 
 def _pack(corpus_dir: Path) -> None:
@@ -143,15 +150,15 @@ def seed(work: Path, source: Path = SHIPPED_VOICE) -> Iterator[str]:
     if not (kept / MARK).is_file():
         raise FileNotFoundError(f"{source}: no {TRAINING}/{MARK}: not an export to train on")
     # The codebook and the tokenizer go with the parts trained on them: a work directory
-    # with a codebook of its own keeps its parts, and the export's are not used.
-    book = tokens.tokens_dir(work) / "codebook.npz"
-    if book.exists():
+    # with a codebook of its own keeps its parts, and the export's are not used. The
+    # codebook is copied last, so a seed cut short goes on where it stopped.
+    book, *rest = zip(_kept(kept), _kept(work), strict=True)
+    if book[1].exists():
         yield f"seed: {work} has its own codebook: the export's parts do not fit it"
         return
-    for src, dst in zip(_kept(kept), _kept(work), strict=True):
+    for src, dst in rest:
         if src.exists() and not dst.exists():
             _copy(src, dst)
-            _unpack(dst)
     if not lm_train.tokenizer_dir(work).exists():
         _copy(source / "CosyVoice-BlankEN", lm_train.tokenizer_dir(work))
     speaker = flow_train.flow_dir(work) / flow_train.SPEAKER
@@ -159,7 +166,7 @@ def seed(work: Path, source: Path = SHIPPED_VOICE) -> Iterator[str]:
         info = torch.load(source / "spk2info.pt", map_location="cpu", weights_only=True)
         speaker.parent.mkdir(parents=True, exist_ok=True)
         (entry,) = info.values()  # an export has one voice
-        torch.save(entry["embedding"].reshape(-1).clone(), speaker)
+        save_torch(entry["embedding"].reshape(-1).clone(), speaker)
     steps = json.loads((kept / MARK).read_text())["steps"]
     if corpus.is_complete(work):
         params = json.loads((corpus.corpus_dir(work) / "stage.json").read_text())["params"]
@@ -176,5 +183,7 @@ def seed(work: Path, source: Path = SHIPPED_VOICE) -> Iterator[str]:
         state = torch.load(kept / f"{part}.pt", map_location="cpu", weights_only=True)
         state["model"] = _weights(source, part, state)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, dst)
+        save_torch(state, dst)
         yield f"seed: {part} from step {steps[part]}"
+    if book[0].exists():
+        _copy(*book)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from . import corpus
 from .corpus import Sentence
+from .files import read_marker, write_json
 
 RATE = 22050
 REPO = Path(__file__).resolve().parents[2]
@@ -214,10 +215,9 @@ def corpus_digest(work: Path) -> str:
 
 
 def is_complete(work: Path, length_scale: float = 1.0) -> bool:
-    marker = teacher_dir(work) / "stage.json"
-    if not marker.is_file() or not corpus.is_complete(work):
+    done = read_marker(teacher_dir(work) / "stage.json")
+    if done is None or not corpus.is_complete(work):
         return False
-    done = json.loads(marker.read_text())
     return bool(
         done.get("corpus") == corpus_digest(work)
         and done.get("settings", {}).get("length_scale") == length_scale
@@ -299,5 +299,5 @@ def run(
             "sentences": rows,
             "seconds": round(seconds, 1),
         }
-        (teacher_dir(work) / "stage.json").write_text(json.dumps(marker, indent=2) + "\n")
+        write_json(teacher_dir(work) / "stage.json", marker)
     return progress

@@ -15,7 +15,6 @@ whose speech is not on this machine, which only the LM reads) and stage.json.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 from . import feats
+from .files import read_marker, write_json, written
 
 # Griffin-Lim of each token's centroid (`train check`, 30 held-out sentences, 4 hours of
 # teacher speech): WER 0.57 with 512 codes, 0.38 with 2048, 0.38 with 4096; the
@@ -54,7 +54,8 @@ class Codebook:
         return nearest(x, self.centroids).numpy().astype(np.int16)
 
     def save(self, path: Path) -> None:
-        np.savez(path, mean=self.mean, std=self.std, centroids=self.centroids.numpy())
+        with written(path) as tmp:
+            np.savez(tmp, mean=self.mean, std=self.std, centroids=self.centroids.numpy())
 
     @classmethod
     def load(cls, path: Path) -> Codebook:
@@ -96,10 +97,8 @@ def fit(x: torch.Tensor, codes: int, iterations: int, seed: int = 0) -> torch.Te
 def is_complete(work: Path) -> bool:
     """Every utterance of the teacher's manifest has its tokens, encoded from its speech
     on this machine (the manifest they were encoded for is the teacher's now)."""
-    path = tokens_dir(work) / "stage.json"
-    if not path.is_file():
-        return False
-    return bool(json.loads(path.read_text()).get("manifest") == feats.manifest_digest(work))
+    done = read_marker(tokens_dir(work) / "stage.json")
+    return done is not None and done.get("manifest") == feats.manifest_digest(work)
 
 
 def has_tokens(work: Path) -> bool:
@@ -111,12 +110,14 @@ def save_tokens(path: Path, tokens: dict[str, np.ndarray]) -> None:
     """Packed, since the file ships with the voice: one array per utterance cost about
     250 bytes of zip and .npy headers each, 13 of the 21 MB for 52,000 utterances."""
     ids = list(tokens)
-    np.savez_compressed(
-        path,
-        ids=np.array(ids, dtype=str),
-        lengths=np.array([len(tokens[i]) for i in ids], dtype=np.int64),
-        tokens=np.concatenate([tokens[i].astype(np.int16) for i in ids] or [np.zeros(0, np.int16)]),
-    )
+    packed = np.concatenate([tokens[i].astype(np.int16) for i in ids] or [np.zeros(0, np.int16)])
+    with written(path) as tmp:
+        np.savez_compressed(
+            tmp,
+            ids=np.array(ids, dtype=str),
+            lengths=np.array([len(tokens[i]) for i in ids], dtype=np.int64),
+            tokens=packed,
+        )
 
 
 def read_tokens(path: Path) -> dict[str, np.ndarray]:
@@ -171,5 +172,5 @@ def run(work: Path, codes: int = CODES, iterations: int = ITERATIONS) -> Iterato
         "utterances": len(tokens),
         "manifest": feats.manifest_digest(work),
     }
-    (out / "stage.json").write_text(json.dumps(summary, indent=2))
+    write_json(out / "stage.json", summary)
     yield f"tokens: {len(tokens)} utterances, {used} of {len(book.centroids)} codes used"

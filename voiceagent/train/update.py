@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .files import written
+
 
 def update(
     opt: torch.optim.Optimizer, params: Iterable[Tensor], loss: Tensor, clip: float
@@ -48,16 +50,21 @@ def anneal_span(
 ) -> tuple[int, int]:
     """(start, steps) of the anneal that a run from `step` trains under: `asked` steps
     from here when asked (the checkpoint, the weights before it, is copied to `kept`
-    first); else the checkpoint's own anneal, `held`, while unfinished (a resumed run
-    finishes it); else none: training on after an anneal (more speech, say) goes at
-    the full rate."""
+    first), unless the checkpoint is in an unfinished anneal of that length (a run of
+    the same command cut short: it finishes that one); else the checkpoint's own anneal,
+    `held`, while unfinished (a resumed run finishes it); else none: training on after
+    an anneal (more speech, say) goes at the full rate."""
+    start, steps = held
+    unfinished = bool(steps) and step < start + steps
     if asked:
         if not checkpoint.is_file():
             raise ValueError(f"{checkpoint.parent}: nothing to anneal: train it first")
-        shutil.copyfile(checkpoint, kept)
+        if unfinished and steps == asked:  # the same anneal, cut short: it goes on
+            return start, steps
+        with written(kept) as tmp:
+            shutil.copyfile(checkpoint, tmp)
         return step, asked
-    start, steps = held
-    return (start, steps) if steps and step < start + steps else (0, 0)
+    return (start, steps) if unfinished else (0, 0)
 
 
 def anneal_stop(span: tuple[int, int], max_steps: int | None) -> int | None:

@@ -35,7 +35,6 @@ checkpoints, the held-out check) in the order it runs.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from torch import Tensor
 from ..audio.features import MEL_BINS, MEL_FFT, MEL_FMAX, MEL_HOP, MEL_RATE, slaney_mel_filters
 from ..model.cosyvoice2.hift import HiFT, HiFTConfig, released_state_dict
 from . import feats
+from .files import save_torch
 from .sizes import VOICE
 from .update import anneal_factor, anneal_span, anneal_stop, update
 
@@ -333,12 +333,6 @@ def new_model(sizes: dict[str, int] | None = None, seed: int = 0) -> HiFT:
     return HiFT(hift_config(sizes))
 
 
-def _save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
 def load_checkpoint(work: Path) -> dict[str, Any] | None:
     path = vocoder_dir(work) / "checkpoint.pt"
     if not path.is_file():
@@ -483,8 +477,7 @@ def _train(
     def save() -> None:
         if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
             raise FloatingPointError("vocoder weights are not finite: checkpoint not written")
-        _save(
-            out / "checkpoint.pt",
+        save_torch(
             {
                 "model": model.state_dict(),
                 "optimizer": opt.state_dict(),
@@ -494,6 +487,7 @@ def _train(
                 "anneal_from": anneal_from,
                 "anneal_steps": anneal_steps,
             },
+            out / "checkpoint.pt",
         )
 
     first_step = step
@@ -609,7 +603,8 @@ def run(
     """The stage: train for the budget, or up to step `max_steps`, on `device`
     (`anneal`: see `train`), then vocode `check` held-out utterances (on the CPU);
     yields report lines."""
-    r = train(work, budget_s, device=device, anneal=anneal, max_steps=max_steps)
+    # (threads=None: the caller's, `train vocoder --threads`; train's own default is 1)
+    r = train(work, budget_s, device=device, anneal=anneal, max_steps=max_steps, threads=None)
     last = r["last"] or {}
     losses = ", ".join(
         f"{k} {last[k]:.4g}" for k in ("loss", "mel", "sc", "mag", "f0") if k in last

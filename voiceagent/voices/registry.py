@@ -130,7 +130,8 @@ class VoiceRegistry:
         self._creating: set[Path] = set()  # names reserved by creations in progress
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_CREATES)
         # one creation at a time per tenant: a tenant's burst waits behind itself, and
-        # the other slot stays for other tenants (and for one-off voices)
+        # the other slot stays for other tenants (and for one-off voices); one lock per
+        # tenant that ever made a voice (the keys file's tenants)
         self._tenant_turn: dict[str, asyncio.Lock] = {}
         self._meta: dict[Path, tuple[float, tuple[str, dict[str, Any]]]] = {}
 
@@ -230,8 +231,6 @@ class VoiceRegistry:
                 )
         finally:
             self._creating.discard(path)
-            if not lock.locked():
-                self._tenant_turn.pop(tenant, None)
         self.host.rescan_voices()  # registers "TENANT/NAME" and refreshes the catalogs
         log.info(
             "voice '%s/%s' made from %.1f s of audio at %d Hz",
