@@ -17,7 +17,7 @@ from test_voice_store import a_voice
 
 from voiceagent import cli
 from voiceagent.auth import keys, tokens
-from voiceagent.auth.gate import AuthConfig, auth_enabled, exposure_warning
+from voiceagent.auth.gate import AuthConfig, Gate, auth_enabled, exposure_warning
 from voiceagent.bench.clients import Client, connect, open_peer
 from voiceagent.model import checkpoint
 from voiceagent.model.voice_store import save_voice
@@ -405,6 +405,58 @@ def test_adding_and_revoking_keys_keeps_every_tenants_quota_as_written(tmp_path)
     assert after.quota("beta") == Quota(sessions=20, turns_per_min=600, chars_per_min=900)
     edited = path.read_text().replace("turns_per_min = 600", "turns_per_min = 60", 1)
     assert keys.parse(edited).quota("beta").turns_per_min == 60  # the default reaches it
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("tenants = 5\n", "tenants"),
+        ("keys = 5\n", "keys"),
+        ("[quotas]\nsessions = 1\n", "quotas"),  # a misspelt table: no limit, silently
+        ("[tenant.acme]\nsessions = 2\n", "tenant"),
+        ("[[keys]]\nid = 5\ntenant = 'a'\nsha256 = 'x'\n", "keys"),
+    ],
+)
+def test_a_keys_file_of_the_wrong_shape_is_refused_with_words_not_a_traceback(
+    tmp_path, capsys, text, says
+):
+    # What was seen: AttributeError and TypeError tracebacks from `serve` and every `key`
+    # command, a 500 to keyed requests, and misspelt tables dropped by `key add`.
+    path = tmp_path / "keys.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=says):
+        keys.parse(text)
+    store = keys.KeyStore(path)
+    assert store.error is not None and says in store.error
+    for command in (["key", "list"], ["key", "add", "--tenant", "acme"], ["key", "revoke", "x"]):
+        assert cli.main([*command, "--keys-file", str(path)]) == 2, command
+        assert "error:" in capsys.readouterr().err
+    assert path.read_text() == text  # nothing rewritten over it
+
+
+def test_a_server_with_a_missing_or_broken_keys_file_says_so_when_it_starts(tmp_path, caplog):
+    # what was seen: nothing until requests were refused with "unknown or revoked API key"
+    Gate(AuthConfig("on", tmp_path / "keyz.toml", "s" * 32), "0.0.0.0")  # type: ignore[arg-type]
+    (tmp_path / "bad.toml").write_text("tenants = 5\n")
+    Gate(AuthConfig("on", tmp_path / "bad.toml", "s" * 32), "0.0.0.0")  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("keyz.toml does not exist" in m for m in said), said
+    assert any("bad.toml" in m and "tenants" in m for m in said), said
+
+
+def test_rewriting_the_keys_file_keeps_who_may_read_it(tmp_path) -> None:
+    """What was seen: `key add` made the file 0600, so the server's own user (uid 10001
+    in the images) could read no keys, and refused every one."""
+    path = tmp_path / "keys.toml"
+    path.write_text("")
+    path.chmod(0o640)
+    _, record = keys.add_key(path, "acme")
+    assert path.stat().st_mode & 0o777 == 0o640
+    keys.revoke_key(path, record.id)
+    assert path.stat().st_mode & 0o777 == 0o640
+    new = tmp_path / "new" / "keys.toml"
+    keys.add_key(new, "acme")
+    assert new.stat().st_mode & 0o777 == 0o600  # a new one: its owner's alone
 
 
 # -- auth.mode ----------------------------------------------------------------------------

@@ -37,8 +37,8 @@ def key_add(args: argparse.Namespace) -> int:
         return 2
     try:
         key, record = keys.add_key(path, args.tenant)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
     print(key)
     print(
@@ -55,7 +55,7 @@ def key_list(args: argparse.Namespace) -> int:
         return 2
     try:
         found = keys.read(path)
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         print(f"error: {path}: {exc}", file=sys.stderr)
         return 2
     print(f"{'id':<10}{'tenant':<24}created")
@@ -68,7 +68,12 @@ def key_revoke(args: argparse.Namespace) -> int:
     path = _keys_file(args)
     if path is None:
         return 2
-    if not keys.revoke_key(path, args.id):
+    try:
+        revoked = keys.revoke_key(path, args.id)
+    except (OSError, ValueError) as exc:
+        print(f"error: {path}: {exc}", file=sys.stderr)
+        return 2
+    if not revoked:
         print(f"error: no key {args.id!r} in {path}", file=sys.stderr)
         return 1
     print(f"key {args.id} revoked; a running server stops accepting it at once")

@@ -114,6 +114,17 @@ class Gate:
         self.keys = KeyStore(config.keys_file if self.enabled else None)
         self.secret = (config.token_secret or secrets.token_hex(32)).encode()
         self._reported: str | None = None
+        path = self.keys.path
+        if path is not None and not path.exists():  # (a typo'd path, most likely)
+            log.warning(
+                "keys file %s does not exist: no API key is accepted until it is made "
+                "(voiceagent key add --keys-file %s)",
+                path,
+                path,
+            )
+        elif self.keys.error:
+            self._reported = self.keys.error
+            log.error("%s: no API key is accepted until it is fixed", self.keys.error)
 
     def authenticate(self, credential: str | None) -> Principal | Denial:
         if not self.enabled:

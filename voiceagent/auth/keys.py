@@ -19,6 +19,7 @@ without a restart. `key add` and `key revoke` rewrite the file (comments are not
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import hmac
@@ -100,20 +101,33 @@ def _quota(table: object, base: Quota, where: str) -> Quota:
 def parse(text: str) -> KeysFile:
     """Raises ValueError (tomllib's TOMLDecodeError is one) naming what is wrong."""
     data = tomllib.loads(text)
+    unknown = sorted(set(data) - {"quota", "tenants", "keys"})
+    if unknown:  # a misspelt table would mean no limit, silently
+        raise ValueError(
+            f"unknown table(s) {', '.join(unknown)}: the file has [quota], "
+            "[tenants.NAME] and [[keys]]"
+        )
     default = _quota(data.get("quota", {}), Quota(), "quota")
     tables = data.get("tenants", {})
+    if not isinstance(tables, dict):
+        raise ValueError("tenants should be tables: [tenants.NAME]")
     quotas = {
         check_tenant(name): _quota(table, default, f"tenants.{name}")
         for name, table in tables.items()
     }
+    items = data.get("keys", [])
+    if not isinstance(items, list):
+        raise ValueError("keys should be [[keys]] entries")
     records = []
-    for item in data.get("keys", []):
+    for item in items:
         try:
             record = KeyRecord(
                 item["id"], check_tenant(item["tenant"]), item["sha256"], item.get("created", "")
             )
         except (KeyError, TypeError):
             raise ValueError("each [[keys]] needs id, tenant and sha256") from None
+        if not all(isinstance(v, str) for v in (record.id, record.sha256, record.created)):
+            raise ValueError(f"[[keys]] {record.id!r}: id, sha256 and created are strings")
         records.append(record)
     return KeysFile(tuple(records), default, quotas, {name: dict(t) for name, t in tables.items()})
 
@@ -141,11 +155,22 @@ def read(path: Path) -> KeysFile:
 
 
 def write(path: Path, keys: KeysFile) -> None:
+    """Replace the file whole (the server never reads half of one), keeping who may read
+    it: a new file is its owner's alone; a rewritten one keeps its mode and owner (the
+    server may run as another user, as in the images)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(render(keys))
-    os.chmod(tmp, 0o600)
-    tmp.replace(path)  # the server never reads a half-written file
+    try:
+        was = path.stat()
+    except FileNotFoundError:
+        os.chmod(tmp, 0o600)
+    else:
+        os.chmod(tmp, was.st_mode & 0o777)
+        if (was.st_uid, was.st_gid) != (os.getuid(), os.getgid()):
+            with contextlib.suppress(PermissionError):  # only root can give it away
+                os.chown(tmp, was.st_uid, was.st_gid)
+    tmp.replace(path)
 
 
 def add_key(path: Path, tenant: str) -> tuple[str, KeyRecord]:
