@@ -175,6 +175,20 @@ def test_serve_help_shows_the_real_defaults(capsys):
             "server.port = true (from {file}): Input should not be true or false",
             id="a boolean for a number",
         ),
+        # what was seen: accepted, then serve failed with an OverflowError traceback
+        pytest.param(
+            "[playout]\nmax_speech_s = inf\n",
+            "playout.max_speech_s = inf (from {file}): Input should be a finite number",
+            id="infinity",
+        ),
+        # what was seen: `voiceagent config` output read back made "***" the token secret,
+        # with which anyone could sign a token for any tenant
+        pytest.param(
+            '[auth]\ntoken_secret = "***"\n',
+            'auth.token_secret = "***" (from {file}): is the mask `voiceagent config` '
+            "prints; give the secret itself",
+            id="the mask as a secret",
+        ),
     ],
 )
 def test_a_bad_value_names_its_key_its_value_and_where_it_came_from(tmp_path, capsys, text, error):

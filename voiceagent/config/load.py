@@ -16,9 +16,7 @@ from pydantic import SecretStr, ValidationError
 from pydantic_core import ErrorDetails
 from pydantic_settings import EnvSettingsSource, SettingsError
 
-from .schema import CONFIG_ENV, ENV_PREFIX, TWILIO_TOKEN_ALIAS, Key, Settings, schema_keys
-
-MASK = "***"
+from .schema import CONFIG_ENV, ENV_PREFIX, MASK, TWILIO_TOKEN_ALIAS, Key, Settings, schema_keys
 
 
 class ConfigError(Exception):

@@ -8,7 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
@@ -35,15 +43,25 @@ def setting(default: Any, meaning: str, flag: str | None = None, **rules: Any) -
     return Field(default, description=meaning, json_schema_extra=extra, **rules)
 
 
+MASK = "***"  # how `voiceagent config` prints a secret that is set
+
+
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan: no key here means anything by them (0 says "never" where it can)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_booleans(cls, value: Any) -> Any:
+    def _no_booleans(cls, value: Any, info: ValidationInfo) -> Any:
         # pydantic would read `port = true` as 1; no key here is a switch
         if isinstance(value, bool):
             raise PydanticCustomError("no_bool", "Input should not be true or false")
+        # `voiceagent config`'s output read back: the mask would become the secret
+        field = cls.model_fields[info.field_name or ""]
+        if field.annotation is SecretStr and value == MASK:
+            raise PydanticCustomError(
+                "masked", "is the mask `voiceagent config` prints; give the secret itself"
+            )
         return value
 
 
