@@ -61,6 +61,30 @@ def test_say_rejects_an_unknown_voice(tmp_path, tiny_dir):
     assert proc.returncode == 2 and "unknown voice" in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["say", "Hi.", "-o", "/nonexistent/dir/x.ogg"], "is not a folder"),
+        (["say", "   ", "-o", "{tmp}/x.wav"], "nothing to say"),
+        (["say", "Hi.", "-o", "{tmp}/x.wav", "--device", "gpu"], "give auto, cpu, cuda"),
+        (["serve", "--engine", "sglang", "--sglang-url", "http://127.0.0.1:9",
+          "--sglang-export", "/nonexistent/export"], "export-sglang"),
+        (["export-sglang", "--out", "{tmp}/a-file"], "a-file"),
+        (["key", "list", "--keys-file", "{tmp}"], "{tmp}"),
+    ],
+    ids=["say-no-folder", "say-nothing", "bad-device", "no-export", "out-is-a-file", "keys-dir"],
+)  # fmt: skip
+def test_ordinary_mistakes_are_one_line_and_exit_2_not_a_traceback(tmp_path, tiny_dir, argv, says):
+    # what was seen: a traceback for each (say's only after the synthesis was done)
+    (tmp_path / "a-file").write_text("")
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    if argv[0] in ("say", "serve", "export-sglang"):
+        argv += ["--model", str(tiny_dir)]
+    proc = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and says.format(tmp=tmp_path) in proc.stderr, proc.stderr
+
+
 def test_a_broken_model_directory_is_a_clear_error(tmp_path):
     proc = subprocess.run(
         [*CLI, "serve", "--model", str(tmp_path)], capture_output=True, text=True, timeout=60

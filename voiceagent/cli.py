@@ -14,6 +14,7 @@ import numpy as np
 from . import config
 from .audio.format import MODEL_RATE
 from .auth.commands import add_commands as add_auth_commands
+from .engine.lm_engine import EngineError
 from .engine.memory import retain_freed_memory
 from .model.checkpoint import CheckpointError, load_model
 from .model.tiny import checkpoint as tiny
@@ -121,6 +122,12 @@ def _say(args: argparse.Namespace) -> int:
     out = Path(args.output)
     if out.suffix not in (".ogg", ".opus", ".wav"):
         print("output must end in .ogg, .opus or .wav", file=sys.stderr)
+        return 2
+    if not out.parent.is_dir():  # said before the synthesis, not after it
+        print(f"error: {out.parent} is not a folder to write {out.name} in", file=sys.stderr)
+        return 2
+    if not args.text.strip():
+        print("error: nothing to say: the text is empty", file=sys.stderr)
         return 2
     engine = EmbeddedEngine(model)
     encoder = OpusEncoder(args.bitrate)
@@ -388,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         configure_logging(args.log_level or "info")
     try:
         return int(args.func(args))
-    except CheckpointError as exc:
+    except (CheckpointError, EngineError, OSError, ValueError) as exc:
+        # a missing file, a port in use, a bad number: one line, no traceback (the debug
+        # log level keeps it, for a bug that shows this way)
+        logging.getLogger(__name__).debug("%s failed", args.func.__name__, exc_info=True)
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

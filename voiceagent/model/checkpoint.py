@@ -48,6 +48,12 @@ def load_model(path: str | None, device: str = "auto") -> SpeechModel:
     random-weight model says so in the log."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        cuda = torch.device(device).type == "cuda"
+    except RuntimeError:
+        raise CheckpointError(f"device {device!r}: give auto, cpu, cuda or cuda:N") from None
+    if cuda and not torch.cuda.is_available():
+        raise CheckpointError(f"device {device!r}: torch {torch.__version__} sees no CUDA device")
     if path is None:
         directory = default_model_dir()
     else:
