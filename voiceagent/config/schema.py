@@ -273,6 +273,12 @@ class TelephonySection(Section):
     audiosocket_port: int = setting(
         0, "Asterisk AudioSocket TCP port (0: off)", "--audiosocket-port", ge=0, le=65535
     )
+    audiosocket_host: str = setting(
+        "",
+        "address AudioSocket listens on (empty: server.host); it has no credentials: "
+        "keep it on a private interface",
+        "--audiosocket-host",
+    )
     bot_attach_timeout_s: float = setting(
         10.0,
         "seconds a call waits for its bot (and a bot for its call)",
@@ -418,6 +424,7 @@ class Settings(BaseSettings):
                 twilio_auth_token=phone.twilio_auth_token.get_secret_value() or None,
                 public_url=phone.public_url or None,
                 audiosocket_port=phone.audiosocket_port or None,
+                audiosocket_host=phone.audiosocket_host or server.host,
             ),
             guard=GuardConfig(**self.guard.model_dump()),
             web_dir=Path(server.web) if server.web else DEFAULT_WEB_DIR,
