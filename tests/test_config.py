@@ -321,6 +321,11 @@ def test_the_server_is_built_from_the_settings(tmp_path, monkeypatch):
     assert server.telephony.twilio_auth_token == "tok"
     assert server.telephony.audiosocket_port is None  # 0: off
     assert server.telephony.public_url is None
+    # AudioSocket has no credentials: it listens where the server does unless told
+    # (what was seen: always every interface, also beside --host 127.0.0.1)
+    assert server.telephony.audiosocket_host == "127.0.0.1"
+    own = config.load(file, {"telephony.audiosocket_host": "10.0.0.5"}).settings
+    assert own.server_config().telephony.audiosocket_host == "10.0.0.5"
 
 
 def test_the_engine_is_built_from_the_settings(tmp_path, monkeypatch, tiny_model):
