@@ -357,6 +357,18 @@ def test_listing_reads_the_voice_files_off_the_event_loop(voice_server, phone, m
     assert len(readers) >= 2 and voice_server._thread.name not in readers, readers
 
 
+def test_a_voices_folder_that_cannot_be_written_is_a_coded_error(
+    make_server, clone_dir, tmp_path, phone, caplog
+):
+    # what was seen: HTTP 500 internal_error (the folder on a read-only volume)
+    (tmp_path / "a-file").write_text("")
+    server = make_server(fresh_model(clone_dir), voices_dir=tmp_path / "a-file" / "voices")
+    r = create(server, audio=wav_bytes(pcm_of(phone), PHONE), name="anna")
+    assert_error(r, 507, "voice_storage_failed")
+    assert any("not saved" in rec.getMessage() for rec in caplog.records)
+    assert "anna" not in httpx.get(f"{server.http}/v1/voices").json()["voices"]
+
+
 def test_shared_voices_cannot_be_deleted(voice_server):
     r = httpx.delete(f"{voice_server.http}/v1/voices/agent")
     assert_error(r, 403, "forbidden")

@@ -66,6 +66,7 @@ STATUS = {
     ErrorCode.AUDIO_SILENT: 422,
     ErrorCode.INTERNAL_ERROR: 500,
     ErrorCode.VOICE_CLONING_UNSUPPORTED: 501,
+    ErrorCode.VOICE_STORAGE_FAILED: 507,
 }
 
 

@@ -279,7 +279,15 @@ class VoiceRegistry:
             "source_sample_rate": ref.source_rate,
             "warnings": warnings,
         }
-        save_voice(path.parent, voice, transcript or "", meta)
+        try:
+            save_voice(path.parent, voice, transcript or "", meta)
+        except OSError as exc:  # a read-only or full volume: the operator's to fix
+            log.error("voice %s not saved: %s", path, exc)
+            raise VoiceError(
+                ErrorCode.VOICE_STORAGE_FAILED,
+                "the server cannot store voices now (its voices folder cannot be written); "
+                "the operator has been told in the log",
+            ) from None
         return VoiceInfo(
             id=voice_id,
             owner="tenant",
