@@ -19,6 +19,8 @@ sudo=""
 # wordnet-base: WordNet's example sentences, a source of the training corpus
 # (docs/training.md; tests/test_train_data.py).
 packages=(libopus0)
+# Debian's and Ubuntu's python3 makes no venv without python3-venv (ensurepip)
+python3 -c "import ensurepip" 2>/dev/null || packages+=(python3-venv)
 [[ -n "$extras" ]] && packages+=(espeak-ng chromium asterisk-core-sounds-en-wav asterisk-core-sounds-en prometheus wordnet-base)
 missing=()
 for p in "${packages[@]}"; do
@@ -35,6 +37,8 @@ fi
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip
 # torch first and pinned: 2.13.0 is the CPU wheel; an unpinned torch would pull CUDA builds.
-.venv/bin/pip install -q torch==2.13.0
+# Where pip's own index serves the CUDA build of that version (plain PyPI on Linux x86_64),
+# name the CPU one: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash deploy/setup.sh
+.venv/bin/pip install -q torch==2.13.0 ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 .venv/bin/pip install -q -e ".${extras}"
 .venv/bin/python -c "import torch, opuslib, webrtcvad, soxr; print('voiceagent ready, torch', torch.__version__)"
