@@ -210,6 +210,14 @@ def test_a_bad_environment_variable_or_flag_is_named_as_such(monkeypatch, capsys
     ]
 
 
+def test_an_environment_variable_with_a_misspelt_section_is_an_error(monkeypatch, capsys):
+    # what was seen: VOICEAGENT_SERVR__PORT=9001 left the port at 8000, without a word
+    monkeypatch.setenv("VOICEAGENT_SERVR__PORT", "9001")
+    code, out, err = run(["config"], capsys)
+    assert code == 2 and not out
+    assert "VOICEAGENT_SERVR__PORT" in err and "did you mean 'server'" in err
+
+
 def test_all_errors_are_reported_at_once_one_line_per_key(tmp_path, monkeypatch, capsys):
     file = toml_file(
         tmp_path,

@@ -81,6 +81,17 @@ def _file_layer(path: Path) -> Layer:
 
 def _env_layer() -> Layer:
     names = {name.upper(): name for name in os.environ}
+    # VOICEAGENT_SECTION__KEY: a misspelt section would be skipped without a word (a
+    # misspelt key is caught below, by the section's own check)
+    misspelt = [
+        f"{name} (from env {name}): {_unknown((section.lower(),))}"
+        for upper, name in names.items()
+        if upper.startswith(ENV_PREFIX) and "__" in upper
+        for section in [upper.removeprefix(ENV_PREFIX).split("__")[0]]
+        if section.lower() not in Settings.model_fields
+    ]
+    if misspelt:
+        raise ConfigError(misspelt)
     try:
         data = EnvSettingsSource(Settings)()
     except SettingsError as exc:
