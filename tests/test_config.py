@@ -7,6 +7,7 @@ Real files in tmp_path, the real environment (monkeypatch), the real command lin
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import torch
 
 from voiceagent import cli, config
 from voiceagent.cli import main
+from voiceagent.engine.sglang.export import export_sglang
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "deploy" / "voiceagent.example.toml"
@@ -345,6 +347,23 @@ def test_the_engine_is_built_from_the_settings(tmp_path, monkeypatch, tiny_model
     assert engine.lm.max_batch == 3  # type: ignore[attr-defined]
     flag = config.load(file, {"engine.acoustic_batching": "invariant"}).settings
     assert cli.build_engine(flag, tiny_model).acoustic.batching == "invariant"
+
+
+def test_embedded_lm_settings_given_with_sglang_are_said_to_do_nothing(
+    tmp_path, tiny_model, caplog
+):
+    # what was seen: --max-batch and --lm-int8 with --engine sglang, ignored without a word
+    export_sglang(tiny_model, tmp_path)
+    flags = {
+        "engine.kind": "sglang",
+        "engine.sglang_url": "http://127.0.0.1:9",
+        "engine.sglang_export": str(tmp_path),
+        "engine.max_batch": 4,
+        "engine.lm_int8": "all",
+    }
+    cli.build_engine(config.load(None, flags).settings, tiny_model)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("engine.max_batch, engine.lm_int8 do nothing" in m for m in said), said
 
 
 def test_the_fast_paths_are_settings(tmp_path, tiny_model):

@@ -46,6 +46,17 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
     if engine_settings.kind == "sglang":
         from .engine.sglang.client import SGLangLM
 
+        # the embedded LM's own settings: SGLang has its own (its launch flags)
+        unused = [
+            f"engine.{key}"
+            for key in ("max_batch", "lm_int8", "lm_precision", "cuda_graphs")
+            if getattr(engine_settings, key) != type(engine_settings).model_fields[key].default
+        ]
+        if unused:
+            log.warning(
+                "with engine.kind sglang, %s do nothing: SGLang runs the LM", ", ".join(unused)
+            )
+
         lm = SGLangLM(
             model,
             engine_settings.sglang_url,
