@@ -545,11 +545,12 @@ def test_a_model_without_a_frontend_cannot_clone(make_server, tiny_dir, tmp_path
 # -- tenants ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def site(make_server, clone_dir, tmp_path) -> tuple[BackgroundServer, str, str]:
-    """Auth on: API keys of tenants acme and globex."""
+def make_site(
+    make_server, clone_dir, tmp_path, quotas: str = ""
+) -> tuple[BackgroundServer, str, str]:
+    """Auth on: API keys of tenants acme and globex (`quotas`: the keys file's tables)."""
     keys_file = tmp_path / "keys.toml"
-    keys_file.write_text("")
+    keys_file.write_text(quotas)
     acme, _ = keys.add_key(keys_file, "acme")
     globex, _ = keys.add_key(keys_file, "globex")
     auth = AuthConfig("on", keys_file, SECRET, token_ttl_s=600)  # type: ignore[arg-type]
@@ -557,6 +558,11 @@ def site(make_server, clone_dir, tmp_path) -> tuple[BackgroundServer, str, str]:
         fresh_model(clone_dir), voices_dir=tmp_path / "voices", playout=FAST, auth=auth
     )
     return server, acme, globex
+
+
+@pytest.fixture
+def site(make_server, clone_dir, tmp_path) -> tuple[BackgroundServer, str, str]:
+    return make_site(make_server, clone_dir, tmp_path)
 
 
 def test_tenants_never_see_use_or_delete_each_others_voices(site, phone):
@@ -679,14 +685,8 @@ def test_voice_files_keep_the_lm_prompt_flag_and_older_files_load(tmp_path):
 def test_a_tenant_s_voices_are_bounded_by_its_quota(make_server, clone_dir, tmp_path, phone):
     """What was seen: one key made voices without end (each a file on disk and a voice in
     memory, scanned for every tenant's catalog)."""
-    keys_file = tmp_path / "keys.toml"
-    keys_file.write_text("[tenants.acme]\nvoices = 2\n")
-    acme, _ = keys.add_key(keys_file, "acme")
-    globex, _ = keys.add_key(keys_file, "globex")
-    auth = AuthConfig("on", keys_file, SECRET, token_ttl_s=600)  # type: ignore[arg-type]
-    server = make_server(
-        fresh_model(clone_dir), voices_dir=tmp_path / "voices", playout=FAST, auth=auth
-    )
+    quotas = "[tenants.acme]\nvoices = 2\n"
+    server, acme, globex = make_site(make_server, clone_dir, tmp_path, quotas)
     audio = wav_bytes(pcm_of(phone), PHONE)
 
     async def burst(key: str, names: list[str]) -> list[int]:
