@@ -31,15 +31,19 @@ export class Avatar {
   }
 
   update(level, now) {
-    const dt = this.last === null ? 16 : Math.min(100, Math.max(0, now - this.last));
+    // The mouth follows the wall clock, however far apart the frames: a busy browser that
+    // draws every 300 ms still shows the mouth where the audio is (it lagged when a
+    // frame counted at most 100 ms). The sway keeps the cap: it must not jump.
+    const elapsed = this.last === null ? 16 : Math.max(0, now - this.last);
+    const dt = Math.min(100, elapsed);
     this.last = now;
     const target = mouthTarget(level);
     // fast attack, slightly slower release, like a jaw
     const tau = target > this.open ? 25 : 45;
-    this.open += (target - this.open) * (1 - Math.exp(-dt / tau));
+    this.open += (target - this.open) * (1 - Math.exp(-elapsed / tau));
     if (this.open < 0.01 && target === 0) this.open = 0;
     const speaking = level > 0.05 ? 1 : 0;
-    this.activity += (speaking - this.activity) * (1 - Math.exp(-dt / (speaking ? 150 : 600)));
+    this.activity += (speaking - this.activity) * (1 - Math.exp(-elapsed / (speaking ? 150 : 600)));
     this.drawMouth(this.open);
     this.drawBlink(now);
     this.drawSway(dt);
