@@ -275,7 +275,11 @@ def test_track_paces_frames_and_never_rewinds_pts():
         await asyncio.sleep(0.05)
         assert not blocked.done()
         t0 = time.monotonic()
-        frames = [await track.recv() for _ in range(8)]
+        frames = [await track.recv()]
+        # each turn's first frame after another's is said once the sender has sent it:
+        # when it asks for the next frame
+        assert syncs == []
+        frames += [await track.recv() for _ in range(7)]
         elapsed = time.monotonic() - t0
         await blocked
         assert [f.pts for f in frames] == [960 * i for i in range(8)]
@@ -283,7 +287,7 @@ def test_track_paces_frames_and_never_rewinds_pts():
         levels = [int(np.abs(f.to_ndarray()).max()) for f in frames]
         assert levels == [1000, 1000, 1000, 1000, 1000, 0, 0, 0]
         assert track.played == {1: 3, 2: 1, 3: 1}
-        assert syncs == [(1, 0), (2, 0), (3, 0)]  # each turn's first frame after another's
+        assert syncs == [(1, 0), (2, 0), (3, 0)]
         assert elapsed == pytest.approx(7 * 0.02, abs=0.03)  # absolute clock from frame 0
         # a cancelled turn's queued frames are dropped; pts carries on
         await track.put(4, tone)
@@ -291,6 +295,7 @@ def test_track_paces_frames_and_never_rewinds_pts():
         assert track.drop_turn(4) == 1
         nxt = await track.recv()
         assert nxt.pts == 8 * 960 and track.played[5] == 1
+        await track.recv()
         assert syncs[-1] == (5, 0)
         track.stop()
 

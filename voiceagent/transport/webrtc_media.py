@@ -33,8 +33,11 @@ class OutboundAudioTrack(MediaStreamTrack):
     960 on every frame forever (across turns, cancels and idle gaps), so the RTP
     timestamps never rewind. Producers `put()` and wait while the queue is full, which
     keeps only a small buffer ahead of real time. `on_sync(turn, offset_ms)` is called
-    when a turn's frame goes out after silence or another turn's audio, so the peer can
-    place that turn's timeline (lip sync) on its playback clock.
+    when a turn's frame has gone out after silence or another turn's audio, so the peer
+    can place that turn's timeline (lip sync) on its playback clock: at the next
+    `recv()`, since aiortc's sender encodes a frame in a worker thread and sends it
+    before asking for the next one (on a busy machine the encoding waited hundreds of ms
+    for a thread, and the sync, sent at once, came that much before its audio).
     """
 
     kind = "audio"
@@ -48,6 +51,7 @@ class OutboundAudioTrack(MediaStreamTrack):
         super().__init__()
         self.on_sync = on_sync
         self._last_turn: int | None = None  # turn of the frame returned last (None: silence)
+        self._sync: tuple[int, int] | None = None  # that frame's sync, once it has gone out
         self.max_frames = max_frames
         self._clock = clock
         self._queue: deque[tuple[int, bytes]] = deque()
@@ -78,6 +82,9 @@ class OutboundAudioTrack(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
+        if self._sync is not None and self.on_sync is not None:
+            self.on_sync(*self._sync)  # the frame it is about was encoded and sent
+        self._sync = None
         now = self._clock()
         if self._start is None:
             self._start = now
@@ -92,8 +99,8 @@ class OutboundAudioTrack(MediaStreamTrack):
         if self._queue:
             turn, pcm = self._queue.popleft()
             played = self.played.get(turn, 0)
-            if turn != self._last_turn and self.on_sync is not None:
-                self.on_sync(turn, played * FRAME_MS)
+            if turn != self._last_turn:
+                self._sync = (turn, played * FRAME_MS)
             self.played[turn] = played + 1
             self._space.set()
         else:
