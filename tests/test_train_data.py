@@ -185,7 +185,8 @@ except OSError:  # not Linux, or a kernel without autogroup
     fields = []
 # every thread: Linux nices one at a time (numpy's BLAS workers started at its import)
 threads = {os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in Path("/proc/self/task").iterdir()}
-print(",".join(map(str, sorted(threads))), os.nice(0), fields[-1] if fields else "none")
+tids = len(list(Path("/proc/self/task").iterdir()))
+print(tids, ",".join(map(str, sorted(threads))), os.nice(0), fields[-1] if fields else "none")
 """
 
 
@@ -194,18 +195,24 @@ def test_a_background_stage_takes_the_lowest_priority(tmp_path, own_session) -> 
     """`--background`: nice 19, and for a stage started in its own session (setsid) its
     session's scheduling group too (Linux autogroup, where nice alone does not reach);
     a stage sharing a caller's session leaves that session's group as it was."""
+    import os
     import subprocess
     import sys
 
+    # BLAS worker threads, as a stage outside the test suite has them (the suite runs
+    # with OMP_NUM_THREADS=1, which starts none)
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
     proc = subprocess.run(
         [sys.executable, "-c", _PRIORITY, str(tmp_path)],
         capture_output=True,
         text=True,
         start_new_session=own_session,
         timeout=120,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    threads, nice, group = proc.stdout.split()[-3:]
+    tids, threads, nice, group = proc.stdout.split()[-4:]
+    assert int(tids) > 1  # (else the next line proves nothing)
     assert nice == "19"
     assert threads == "19"  # what was seen: numpy's worker thread stayed at the old nice
     if group == "none":
