@@ -14,12 +14,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import dockerfile
 import kubernetes_validate
@@ -31,7 +33,6 @@ from prometheus_client.metrics import MetricWrapperBase
 from voiceagent.cli import build_parser
 from voiceagent.config.flags import flag_values
 from voiceagent.config.load import load
-from voiceagent.config.schema import schema_keys
 from voiceagent.ops.metrics import Metrics
 from voiceagent.server.app import ServerConfig
 
@@ -90,18 +91,30 @@ def container(deployment: dict[str, Any], name: str) -> dict[str, Any]:
 
 def parse_voiceagent_argv(argv: list[str]) -> Any:
     """Parse a `voiceagent ...` command line with the CLI's own parser (every flag must
-    be known). A `serve` flag that is not given reads as the value serve would use."""
+    be known)."""
     assert argv[0] == "voiceagent", argv
-    args = build_parser().parse_args(argv[1:])
-    if args.command != "serve":
-        return args
-    settings = load(None, flag_values(args)).settings.model_dump()
-    for info in schema_keys():
-        dest = info.flag.lstrip("-").replace("-", "_") if info.flag else None
-        if dest and getattr(args, dest, None) is None:
-            section, name = info.key.split(".")
-            setattr(args, dest, settings[section][name])
-    return args
+    return build_parser().parse_args(argv[1:])
+
+
+def serve_settings(argv: list[str], env: dict[str, str]) -> Any:
+    """The settings `voiceagent serve` runs with in a container: its command line with
+    the container's environment only. The command must set nothing by flag, since a flag
+    wins over the environment an operator adds (`docker run -e`, `kubectl set env`)."""
+    args = parse_voiceagent_argv(argv)
+    assert args.command == "serve"
+    assert flag_values(args) == {}, f"{argv}: settings belong in the environment"
+    with mock.patch.dict(os.environ, env, clear=True):
+        return load(None, {}).settings
+
+
+def image_env(path: Path) -> dict[str, str]:
+    """The ENV of a Dockerfile (each `ENV K=V ...` instruction, parsed by BuildKit)."""
+    values = [v for env in instructions(path, "ENV") for v in env.value]
+    return dict(zip(values[::2], values[1::2], strict=True))
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in service.get("environment", {}).items() if "${" not in str(v)}
 
 
 def seconds(duration: str) -> float:
@@ -179,22 +192,28 @@ def test_the_voiceagent_deployment_probes_and_drains() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
 
 
-def test_the_manifests_command_lines_parse_with_voiceagents_parser() -> None:
+def test_the_deployment_configures_voiceagent_by_environment() -> None:
     deployment = k8s_object("Deployment", "voiceagent")
     c = container(deployment, "voiceagent")
-    args = parse_voiceagent_argv([*c["command"], *c["args"]])
-    assert (args.command, args.host, args.port) == ("serve", "0.0.0.0", 8000)
-    assert args.engine == "sglang" and args.sglang_export
+    assert c["image"] == "voiceagent:cuda"
+    env = image_env(DEPLOY / "Dockerfile.cuda")
+    env.update({e["name"]: e["value"] for e in c["env"] if "value" in e})
+    settings = serve_settings([*c["command"], *c["args"]], env)
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)
+    assert settings.engine.kind == "sglang" and settings.engine.sglang_export
     router = k8s_object("Service", "sglang-router")
-    assert args.sglang_url == f"http://sglang-router:{router['spec']['ports'][0]['port']}"
+    assert (
+        settings.engine.sglang_url == f"http://sglang-router:{router['spec']['ports'][0]['port']}"
+    )
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert Path(args.model).parent.as_posix() in mounts
+    assert Path(settings.model.path).parent.as_posix() in mounts
+    assert settings.server.voices in mounts
 
     job = k8s_object("Job", "voiceagent-export-sglang")
     jc = container(job, "export")
     export = parse_voiceagent_argv([*jc["command"], *jc["args"]])
     assert export.command == "export-sglang"
-    assert (export.model, export.out) == (args.model, args.sglang_export)
+    assert (export.model, export.out) == (settings.model.path, settings.engine.sglang_export)
 
 
 def test_services_hpa_and_pdb_select_the_pods_they_mean() -> None:
@@ -276,15 +295,21 @@ def test_the_compose_schema_check_rejects_an_unknown_key(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("path", COMPOSE_FILES, ids=lambda p: p.name)
-def test_compose_voiceagent_drains_and_runs_a_command_the_parser_knows(path: Path) -> None:
+def test_compose_voiceagent_drains_and_runs_the_images_command_with_env(path: Path) -> None:
     (compose,) = load_yaml_documents(path)
     va = compose["services"]["voiceagent"]
     assert seconds(va["stop_grace_period"]) > ServerConfig().drain_timeout_s
     assert va.get("stop_signal", "SIGTERM") == "SIGTERM"
     assert any("/readyz" in part for part in va["healthcheck"]["test"])
     assert (path.parent / va["build"]["context"] / va["build"]["dockerfile"]).is_file()
-    args = parse_voiceagent_argv(va["command"])
-    assert (args.command, args.host, args.port, args.web) == ("serve", "0.0.0.0", 8000, "/app/web")
+    assert "command" not in va, "the image's CMD, with settings in `environment:`"
+    (cmd,) = instructions(path.parent / va["build"]["context"] / va["build"]["dockerfile"], "CMD")
+    env = {**image_env(path.parent / va["build"]["context"] / va["build"]["dockerfile"])}
+    settings = serve_settings(list(cmd.value), {**env, **compose_env(va)})
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)
+    assert (settings.server.web, settings.log.format) == ("/app/web", "json")
+    assert settings.auth.keys_file.startswith("/etc/voiceagent/")
+    assert any(v.endswith(":/etc/voiceagent:ro") for v in va["volumes"])
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
@@ -302,16 +327,17 @@ def test_the_gpu_compose_file_runs_sglang_and_monitoring() -> None:
     for name in ("sglang", "voiceagent"):
         (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
         assert device["driver"] == "nvidia" and "gpu" in device["capabilities"]
-    va = parse_voiceagent_argv(services["voiceagent"]["command"])
-    assert (va.engine, va.sglang_url) == ("sglang", "http://sglang:30000")
+    va = compose_env(services["voiceagent"])
+    assert va["VOICEAGENT_ENGINE__KIND"] == "sglang"
+    assert va["VOICEAGENT_ENGINE__SGLANG_URL"] == "http://sglang:30000"
     sglang = services["sglang"]["command"].split()
     assert sglang[:3] == ["python3", "-m", "sglang.launch_server"]
-    assert sglang[sglang.index("--model-path") + 1] == va.sglang_export
+    assert sglang[sglang.index("--model-path") + 1] == va["VOICEAGENT_ENGINE__SGLANG_EXPORT"]
     for flag in ("--skip-tokenizer-init", "--incremental-streaming-output"):
         assert flag in sglang
     (cpu,) = load_yaml_documents(DEPLOY / "compose.cpu.yaml")
     assert cpu["services"]["voiceagent"]["build"]["dockerfile"] == "deploy/Dockerfile.cpu"
-    assert parse_voiceagent_argv(cpu["services"]["voiceagent"]["command"]).engine == "embedded"
+    assert "VOICEAGENT_ENGINE__KIND" not in compose_env(cpu["services"]["voiceagent"])
 
 
 # -- Prometheus ---------------------------------------------------------------------------
@@ -498,20 +524,43 @@ def test_the_dockerfile_copies_files_that_exist_and_runs_as_a_user(path: Path) -
     (stop,) = instructions(path, "STOPSIGNAL")
     assert stop.value == ("SIGTERM",)
     (health,) = instructions(path, "HEALTHCHECK")
-    paths = re.findall(r"http://127\.0\.0\.1:8000(/\w+)", " ".join(health.value))
-    assert paths and all(p in PROBE_PATHS for p in paths)
+    probe = " ".join(health.value)
+    paths = re.findall(
+        r"'http://127\.0\.0\.1:' \+ os\.environ\['VOICEAGENT_SERVER__PORT'\] \+ '(/\w+)'", probe
+    )
+    assert paths and all(p in PROBE_PATHS for p in paths), probe
     pip = " ".join(v for run in instructions(path, "RUN") for v in run.value)
     assert '"torch==2.13.0"' in pip and '--index-url "$TORCH_INDEX_URL"' in pip
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
-def test_the_dockerfile_cmd_parses_with_voiceagents_parser(path: Path) -> None:
+def test_the_image_runs_serve_with_its_settings_in_env(path: Path) -> None:
     (cmd,) = instructions(path, "CMD")
     assert cmd.json, "exec form, so SIGTERM reaches voiceagent and not a shell"
-    args = parse_voiceagent_argv(list(cmd.value))
-    assert (args.command, args.host, args.port, args.web) == ("serve", "0.0.0.0", 8000, "/app/web")
+    settings = serve_settings(list(cmd.value), image_env(path))
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)
+    assert (settings.server.web, settings.log.format) == ("/app/web", "json")
     copied = {c.value[-1] for c in instructions(path, "COPY")}
-    assert args.web in copied
+    assert settings.server.web in copied
+    # an operator's variable wins: the port moves, and the health check follows it
+    moved = serve_settings(list(cmd.value), {**image_env(path), "VOICEAGENT_SERVER__PORT": "9000"})
+    assert moved.server.port == 9000
+
+
+def test_the_systemd_unit_runs_serve_with_its_settings_in_env() -> None:
+    lines = (DEPLOY / "voiceagent.service").read_text().splitlines()
+    (exec_start,) = [v for line in lines if (v := line.removeprefix("ExecStart=")) != line]
+    argv = exec_start.split()
+    assert argv[0] == "/opt/voiceagent/.venv/bin/voiceagent"
+    env = dict(
+        v.split("=", 1) for line in lines if (v := line.removeprefix("Environment=")) != line
+    )
+    settings = serve_settings(["voiceagent", *argv[1:]], env)
+    assert (settings.server.host, settings.server.port) == ("0.0.0.0", 8000)
+    assert settings.auth.keys_file == "/etc/voiceagent/keys.toml"
+    # the operator's file comes after the unit's own values, so it overrides them
+    (env_file,) = [i for i, line in enumerate(lines) if line.startswith("EnvironmentFile=")]
+    assert all(i < env_file for i, line in enumerate(lines) if line.startswith("Environment="))
 
 
 def test_the_cpu_image_takes_torch_from_the_cpu_index() -> None:
