@@ -125,3 +125,24 @@ def test_feats_and_tokens_take_what_a_teacher_cut_short_has_spoken(tmp_path: Pat
     said = capsys.readouterr().out
     assert "has not spoken the whole corpus" in said
     assert set(tokens.load_tokens(tmp_path)) == {"u0"} and tokens.is_complete(tmp_path)
+
+
+def test_tokens_refuse_a_codes_flag_the_kept_codebook_does_not_have(tmp_path: Path, capsys) -> None:
+    """The LM and the flow were trained on the codebook's codes, so it stays; a `--codes`
+    that asks for another size says so instead of being passed over in silence."""
+    from voiceagent.cli import main
+
+    out = ["--out", str(tmp_path)]
+    add_utterance(tmp_path, "u0", 150.0, 0.8)
+    assert main(["train", "tokens", *out, "--codes", "4"]) == 0
+    book = (tmp_path / "tokens" / "codebook.npz").read_bytes()
+    add_utterance(tmp_path, "u1", 250.0, 0.8)
+    capsys.readouterr()
+    assert main(["train", "tokens", *out, "--codes", "8"]) == 2
+    assert "has 4 codes, not --codes 8" in capsys.readouterr().err
+    assert (tmp_path / "tokens" / "codebook.npz").read_bytes() == book
+    assert set(tokens.load_tokens(tmp_path)) == {"u0"}
+    # the same size, or none asked for, encodes the new speech with the kept codebook
+    assert main(["train", "tokens", *out, "--codes", "4"]) == 0
+    assert set(tokens.load_tokens(tmp_path)) == {"u0", "u1"}
+    assert (tmp_path / "tokens" / "codebook.npz").read_bytes() == book

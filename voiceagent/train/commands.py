@@ -161,16 +161,31 @@ def _feats(work: Path, args: argparse.Namespace) -> int:
 
 
 def _tokens_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--codes", type=int, default=tokens.CODES, help="k-means codes (token types)")
+    p.add_argument(
+        "--codes",
+        type=int,
+        default=None,
+        help=f"k-means codes (token types) of a new codebook (default {tokens.CODES})",
+    )
 
 
 def _tokens(work: Path, args: argparse.Namespace) -> int:
     if (code := _needs("feats", feats.is_complete, work, args)) != 0:
         return code
+    codes = getattr(args, "codes", None)
+    book = tokens.tokens_dir(work) / "codebook.npz"
+    if codes is not None and book.is_file() and (has := tokens.codebook_size(book)) != codes:
+        # the parts were trained on the codebook's codes: a new one is a new start for them
+        print(
+            f"error: tokens: {book} has {has} codes, not --codes {codes}; it stays, since "
+            "the LM and the flow were trained on its codes (move it aside to fit another)",
+            file=sys.stderr,
+        )
+        return 2
     if tokens.is_complete(work):
         print(f"tokens: {tokens.tokens_dir(work)} is complete (skipped)")
         return 0
-    for line in tokens.run(work, getattr(args, "codes", tokens.CODES)):
+    for line in tokens.run(work, codes or tokens.CODES):
         print(line, flush=True)
     return 0
 

@@ -63,6 +63,12 @@ class Codebook:
             return cls(f["mean"], f["std"], f["centroids"])
 
 
+def codebook_size(path: Path) -> int:
+    """How many codes a saved codebook has (read without loading its centroids)."""
+    with np.load(path) as f:
+        return int(f["centroids"].shape[0])
+
+
 def nearest(x: torch.Tensor, centroids: torch.Tensor, batch: int = 65536) -> torch.Tensor:
     out = []
     c2 = (centroids**2).sum(1)
