@@ -549,6 +549,9 @@ class Trainer:
         return self.lm.llm_decoder.weight.device
 
     def train_step(self, examples: Sequence[Example]) -> float:
+        # Dropout draws from torch's global generator: seeded by the step, a run stopped
+        # and resumed takes the same masks as one that never stopped, on any device.
+        torch.manual_seed(self.hyper.seed * 1_000_003 + self.step)
         lr = learning_rate(self.hyper, self.step)
         for group in self.opt.param_groups:
             group["lr"] = lr
@@ -698,6 +701,9 @@ def train(
     if ckpt.is_file():
         tr = Trainer.load(ckpt, hyper, device)
         say(f"lm: resuming at step {tr.step} (epoch {tr.epoch})")
+        # best.pt holds its own score: a stop between writing it and the checkpoint
+        # leaves the checkpoint's record behind the weights kept
+        tr.extra |= best_record(work)
     else:
         tr = Trainer.fresh(lm_config(sizes, tokenizer_dir(work)), hyper or Hyper(), device)
         if warm_start is not None:
@@ -749,7 +755,8 @@ def train(
             # while the train CE fell from 1.63 to 0.98).
             tr.extra["best_heldout_ce"] = ce_held
             tr.extra["best_heldout_set"] = held_set
-            save_torch({"model": tr.lm.state_dict(), "step": tr.step}, best_path(work))
+            record = {"model": tr.lm.state_dict(), "step": tr.step}
+            save_torch(record | _record_keys(tr.extra), best_path(work))
         tr.save(ckpt)
         return ce_train, ce_held, time.monotonic() - t0
 
@@ -835,6 +842,21 @@ def before_anneal_path(work: Path) -> Path:
 def best_path(work: Path) -> Path:
     """The weights with the lowest held-out cross-entropy so far."""
     return lm_dir(work) / "best.pt"
+
+
+_RECORD = ("best_heldout_ce", "best_heldout_set")
+
+
+def _record_keys(extra: dict[str, Any]) -> dict[str, Any]:
+    return {k: extra[k] for k in _RECORD if k in extra}
+
+
+def best_record(work: Path) -> dict[str, Any]:
+    """The held-out score best.pt was kept for and the set it was measured on (none for
+    a best.pt of earlier runs, or none at all)."""
+    if not best_path(work).is_file():
+        return {}
+    return _record_keys(torch.load(best_path(work), map_location="cpu", weights_only=True))
 
 
 def export_state(work: Path) -> dict[str, Tensor]:
