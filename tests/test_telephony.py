@@ -724,6 +724,36 @@ def test_an_audiosocket_call_hears_the_bot_barges_in_and_sends_dtmf(
     run(go())
 
 
+@pytest.mark.parametrize("rate", [12000, 44100, 192000])
+def test_an_audiosocket_call_at_any_slin_rate_hears_the_bot_at_that_rate(
+    make_server: Callable[..., BackgroundServer], rate: int
+) -> None:
+    """Asterisk offers signed linear at 8 to 192 kHz and the call answers at the rate of
+    its first audio: each must be spoken to (the session's encoder once refused all but
+    8, 16, 24 and 48 kHz, and the bot was dropped with no event)."""
+    port = free_port()
+    server = make_server(
+        telephony=TelephonyConfig(audiosocket_host="127.0.0.1", audiosocket_port=port)
+    )
+    call_id = str(uuid.uuid4())
+
+    async def go() -> None:
+        async with SimulatedAudioSocketCall(
+            "127.0.0.1", port, call_id=call_id, sample_rate=rate
+        ) as call:
+            bot, created = await attached(server, call_id)
+            fmt = created["settings"]["format"]
+            assert (fmt["codec"], fmt["sample_rate"]) == ("pcm16", rate)
+            await bot.send({"type": "speak", "text": "Your code is four four one."})
+            done = await until(bot, "turn.done")
+            await eventually(lambda: frames_heard_ms(call.playback.frames) >= done["sent_ms"], 10)
+            frames = [f for f in call.playback.frames if f.pcm.size]
+            assert {f.pcm.size for f in frames} == {rate // 50}
+            assert has_sound(np.concatenate([f.pcm for f in frames]))
+
+    run(go())
+
+
 @pytest.mark.parametrize("control", ["plain-text", "json"])
 def test_an_asterisk_websocket_call_honours_xoff_flushes_on_barge_in_and_marks_tell_played(
     make_server: Callable[..., BackgroundServer], caller_speech: np.ndarray, control: str

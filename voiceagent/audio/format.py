@@ -8,7 +8,9 @@ FRAME_MS = 20  # one packet on every transport (Opus, RTP, telephony)
 
 OPUS_RATE = 48000
 MULAW_RATE = 8000  # G.711 (μ-law and A-law): telephony
-PCM16_RATES = (8000, 16000, 24000, 48000)
+# Every rate of Asterisk's signed-linear formats (slin .. slin192), which a call pins, and
+# 22050; soxr resamples to any of them and each has a whole number of samples per frame.
+PCM16_RATES = (8000, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 96000, 192000)
 CODEC_RATES: dict[str, tuple[int, ...]] = {
     "opus": (OPUS_RATE,),
     "pcm16": PCM16_RATES,
