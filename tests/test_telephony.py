@@ -37,7 +37,7 @@ from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.session.playout import PlayoutConfig
 from voiceagent.telephony import marks
 from voiceagent.telephony.bot import BotLink
-from voiceagent.telephony.call import TelephonyConfig
+from voiceagent.telephony.call import CallRegistry, TelephonyConfig
 from voiceagent.telephony.marks import MarkBook
 from voiceagent.transport.guard import GuardConfig
 
@@ -365,6 +365,25 @@ def test_a_bot_that_dies_mid_send_still_leaves_the_call_to_its_grace_timer() -> 
         await link.attach(second, {"type": "session.created"}, 0)  # type: ignore[arg-type]
         assert not link.detach(first) and link.attached and link.ws is second
         assert json.loads(second.sent[-1])["type"] == "turn.done"  # kept for it
+
+    run(go())
+
+
+def test_a_bot_waiting_for_its_call_is_woken_though_another_waiter_gave_up() -> None:
+    # What was seen: every bot waiting on a token shared one future, and the first to
+    # time out removed it; a reconnected bot still within its own wait then got
+    # unknown_call for a call that arrived in time.
+    async def go() -> None:
+        calls = CallRegistry()
+        tok = token()
+        gone = asyncio.create_task(calls.find(tok, 0.2))  # its socket died while waiting
+        await asyncio.sleep(0.1)
+        back = asyncio.create_task(calls.find(tok, 5.0))  # its reconnect
+        assert await gone is None
+        call = object()
+        assert calls.add(tok, call)  # type: ignore[arg-type]
+        assert await asyncio.wait_for(back, 5) is call
+        assert not calls._waiting  # nothing left behind
 
     run(go())
 

@@ -61,7 +61,7 @@ class CallRegistry:
 
     def __init__(self) -> None:
         self._calls: dict[str, Call] = {}
-        self._waiting: dict[str, asyncio.Future[Call]] = {}
+        self._waiting: dict[str, set[asyncio.Future[Call]]] = {}  # one future per bot
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -70,9 +70,9 @@ class CallRegistry:
         if token in self._calls:
             return False
         self._calls[token] = call
-        waiter = self._waiting.pop(token, None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(call)
+        for waiter in self._waiting.pop(token, set()):
+            if not waiter.done():
+                waiter.set_result(call)
         return True
 
     def remove(self, token: str, call: Call) -> None:
@@ -83,15 +83,19 @@ class CallRegistry:
         call = self._calls.get(token)
         if call is not None:
             return call
-        waiter = self._waiting.get(token)
-        if waiter is None or waiter.done():
-            waiter = self._waiting[token] = asyncio.get_running_loop().create_future()
+        # Each bot waits on its own future: one that gives up (a socket that died while
+        # waiting, its reconnect waiting beside it) must not take the others' wake-up.
+        waiter: asyncio.Future[Call] = asyncio.get_running_loop().create_future()
+        waiters = self._waiting.setdefault(token, set())
+        waiters.add(waiter)
         try:
-            return await asyncio.wait_for(asyncio.shield(waiter), timeout_s)
+            return await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
-            if self._waiting.get(token) is waiter:
-                del self._waiting[token]
             return None
+        finally:
+            waiters.discard(waiter)
+            if not waiters and self._waiting.get(token) is waiters:
+                del self._waiting[token]
 
 
 class CallHost(SessionHost, Protocol):
