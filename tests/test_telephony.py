@@ -719,6 +719,9 @@ def test_an_audiosocket_call_hears_the_bot_barges_in_and_sends_dtmf(
         async with SimulatedAudioSocketCall("127.0.0.1", port, call_id=call_id) as call:
             bot, created = await attached(server, call_id)  # the UUID is the token
             assert created["call"]["carrier"] == "audiosocket"
+            # ... and the key to the call: it is named by a digest, in logs too
+            assert call_id not in json.dumps(created)
+            assert created["call"]["call_id"].startswith("as-")
             assert created["settings"]["format"]["sample_rate"] == 8000
             await bot.send({"type": "speak", "text": LONG})
             await eventually(lambda: frames_heard_ms(call.playback.frames) >= 1000, 30)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections import deque
@@ -159,14 +160,17 @@ async def handle_audiosocket(
         writer.close()
         await packets.aclose()
         return
+    # The UUID is the call's token, the only key to it: logs and the bot's `call` object
+    # name the call by a digest of it instead.
+    public_id = "as-" + hashlib.sha256(call_id.encode()).hexdigest()[:16]
     info = CallInfo(
-        "audiosocket", call_id, call_id, "pcm16", first_audio.sample_rate, {"token": call_id}
+        "audiosocket", public_id, public_id, "pcm16", first_audio.sample_rate, {"token": call_id}
     )
     transport = AudioSocketTransport(writer, info)
     try:
         await run_call(host, transport, _events(packets, first_audio))
     except CallRefused as refused:
-        log.warning("audiosocket call %s refused: %s", call_id, refused)
+        log.warning("audiosocket call %s refused: %s", public_id, refused)
         await transport.hangup()
     finally:
         await transport.stop_sender()
