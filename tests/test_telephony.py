@@ -819,6 +819,9 @@ def test_an_asterisk_websocket_call_honours_xoff_flushes_on_barge_in_and_marks_t
             assert frames_heard_ms(call.playback.frames) - truth <= 25
             await call.send_dtmf("3")
             assert (await until(bot, "dtmf"))["digit"] == "3"
+            await call.report_error("FLUSH_MEDIA not supported in passthrough mode")
+            reported = await until(bot, "error")
+            assert reported["code"] == "carrier_error" and "passthrough" in reported["message"]
 
     run(go())
 

@@ -398,6 +398,10 @@ class SimulatedAsteriskWebSocketCall(_Call):
         await self._send_text(ctl.encode_event(ctl.DtmfEnd(digit, self.channel_id), self.fmt))
         self._event("dtmf", digit)
 
+    async def report_error(self, text: str) -> None:
+        """Asterisk's ERROR event (a command it could not carry out)."""
+        await self._send_events([ctl.Error(text, self.channel_id)])
+
     async def hangup(self) -> None:
         """The caller hangs up: Asterisk closes the WebSocket with 1000."""
         self._end("caller_hangup")

@@ -27,6 +27,7 @@ from .call import CallHost, CallRefused, CallTransport, run_call
 from .events import (
     CallerAudio,
     CallInfo,
+    CarrierError,
     CarrierEvent,
     Dtmf,
     Ignored,
@@ -120,7 +121,7 @@ async def _events(
         elif isinstance(event, ctl.MediaMarkProcessed):
             yield MarkEchoed(event.correlation_id or "")
         elif isinstance(event, ctl.Error):
-            yield Invalid(f"Asterisk reports: {event.error_text[:120]}")
+            yield CarrierError(event.error_text[:120])
         else:
             yield Ignored(type(event).__name__)
 

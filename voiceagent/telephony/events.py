@@ -73,7 +73,7 @@ class Invalid:
 @dataclass(frozen=True)
 class CarrierError:
     """The carrier says something went wrong on its side (Telnyx `error`, Vonage
-    `websocket:error`): logged, reported to the bot; the call goes on."""
+    `websocket:error`, Asterisk `ERROR`): logged, reported to the bot; the call goes on."""
 
     detail: str
 
