@@ -206,11 +206,9 @@ def test_a_turn_left_waiting_for_text_does_not_keep_an_idle_connection_open(
     run(go())
 
 
-def test_webrtc_and_drop_in_sockets_that_never_start_are_closed_and_free_their_slots(
-    make_server,
-) -> None:
-    # What was seen: a silent WebRTC peer and silent Cartesia sockets held their session
-    # slots for as long as they stayed connected (the server refused everyone else).
+def test_a_webrtc_peer_that_never_starts_is_closed_and_frees_its_slot(make_server) -> None:
+    # What was seen: a silent WebRTC peer held its session slot for as long as it stayed
+    # connected (the server refused everyone else).
     server = make_server(max_sessions=1, guard=GuardConfig(start_timeout_s=0.5))
 
     async def go() -> None:
@@ -223,11 +221,45 @@ def test_webrtc_and_drop_in_sockets_that_never_start_are_closed_and_free_their_s
         assert error["code"] == "session_start_timeout"
         assert closing["code"] == CloseCode.POLICY_VIOLATION
         await wait_until(lambda: server.voice_server.admission.sessions == 0)
-        url = server.url.replace("/v1/ws", "/tts/websocket")
-        async with websockets.connect(url) as ws:
-            message = json.loads(await asyncio.wait_for(ws.recv(), 15))
-            assert message["error_code"] == "session_start_timeout"
-        await wait_until(lambda: server.voice_server.admission.sessions == 0)
+        async with connect(server.url) as ws:  # the slot is free for someone else
+            await Client(ws).start()
+
+    run(go())
+
+
+def test_a_quiet_drop_in_socket_outlives_the_start_timeout_and_ends_at_its_quiet_limit(
+    make_server, monkeypatch
+) -> None:
+    """Cartesia and ElevenLabs clients open their socket before there is text (Pipecat at
+    the pipeline's start, LiveKit's prewarm). What was seen: closed with
+    session_start_timeout 10 s after opening, so LiveKit's prewarmed socket was dead when
+    first used and Pipecat reconnected every 10 s. A quiet socket stays until its API's
+    own limit (Cartesia's 5 minutes; ElevenLabs' inactivity_timeout), then frees its slot."""
+    from voiceagent.compat.cartesia import CartesiaSocket
+
+    assert CartesiaSocket.quiet_limit_s == 300.0
+    monkeypatch.setattr(CartesiaSocket, "quiet_limit_s", 2.0)  # 5 minutes, scaled down
+    server = make_server(max_sessions=1, guard=GuardConfig(start_timeout_s=0.3))
+    admission = server.voice_server.admission
+    cartesia = server.url.replace("/v1/ws", "/tts/websocket")
+    voice = next(iter(server.voice_server.engine.model.voices))
+    elevenlabs = server.url.replace("/v1/ws", f"/v1/text-to-speech/{voice}/multi-stream-input")
+
+    async def go() -> None:
+        async with websockets.connect(cartesia) as ws:
+            opened = time.monotonic()
+            code, texts = await closed_after(ws)
+            assert time.monotonic() - opened >= 2.0 - 0.1
+        assert code == CloseCode.POLICY_VIOLATION
+        assert json.loads(texts[-1])["error_code"] == "idle_timeout"
+        await wait_until(lambda: admission.sessions == 0)
+        async with websockets.connect(elevenlabs + "?inactivity_timeout=1") as ws:
+            opened = time.monotonic()
+            code, texts = await closed_after(ws)
+            assert time.monotonic() - opened >= 1.0 - 0.1
+        assert code == CloseCode.POLICY_VIOLATION
+        assert json.loads(texts[-1])["error"] == "idle_timeout"
+        await wait_until(lambda: admission.sessions == 0)
         async with connect(server.url) as ws:  # the slot is free for someone else
             await Client(ws).start()
 

@@ -162,6 +162,9 @@ class _Context:
 
 class CartesiaSocket(ContextSocket):
     api = API
+    # Cartesia closes a socket after 5 minutes with nothing to do; clients open theirs
+    # before there is text and keep it, so it is not closed sooner
+    quiet_limit_s = 300.0
 
     def __init__(
         self, host: SessionHost, ws: WebSocket, principal: Principal, model_name: str

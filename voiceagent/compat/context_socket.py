@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 class ContextSocket(ABC):
     api: str  # the metrics' transport label
     drains_when_idle = True  # a draining server closes the socket once no context is live
+    # The longest the socket may have nothing to do (no message, no context with work)
+    # when guard.idle_timeout_s is longer or off; None: the dialect watches that itself.
+    quiet_limit_s: float | None = None
 
     def __init__(self, host: SessionHost, ws: WebSocket, principal: Principal) -> None:
         self.host = host
@@ -187,8 +191,14 @@ async def serve_context_socket(host: SessionHost, ws: WebSocket, socket: Context
     host.admission.runners.add(socket)
     socket.reader = asyncio.current_task()
     gate = MessageGate(guard)
-    deadlines = Deadlines(guard, loop.time())
-    started = False  # these APIs have no session.start: a socket starts with its first message
+    idle_s = guard.idle_timeout_s
+    if socket.quiet_limit_s is not None:
+        idle_s = min(idle_s, socket.quiet_limit_s) if idle_s > 0 else socket.quiet_limit_s
+    deadlines = Deadlines(replace(guard, idle_timeout_s=idle_s), loop.time())
+    # These APIs have no session.start: a socket is a started session from its accept.
+    # Their clients open one before there is text (Pipecat at the pipeline's start,
+    # LiveKit's prewarm), so a quiet socket only meets the idle timeouts.
+    started = True
     ended: ErrorCode | None = None
     try:
         while ended is None:
@@ -201,7 +211,6 @@ async def serve_context_socket(host: SessionHost, ws: WebSocket, socket: Context
                 continue
             if message["type"] == "websocket.disconnect":
                 break
-            started = True
             deadlines.heard(loop.time())
             verdict = gate.check(loop.time())
             if verdict is Verdict.CLOSE:
