@@ -330,6 +330,34 @@ def test_held_text_is_spoken_after_max_buffer_delay_or_on_an_empty_continue(serv
     assert run(go()) < 4.5  # well before the 5 s buffer delay
 
 
+def test_the_buffer_delay_counts_from_when_the_held_text_began(server):
+    """What was seen: the timer started at the context's first text and was never reset
+    when a sentence end took all that was held, so it fired just after the next
+    sentence's first words came and spoke them alone, a break mid-sentence about every
+    max_buffer_delay_ms of an LLM's stream."""
+
+    async def go():
+        async with sdk(server) as client, client.tts.websocket_connect() as conn:
+            ctx = conn.context(
+                model_id="sonic-3",
+                voice=VOICE,
+                output_format=raw(),
+                add_timestamps=True,
+                max_buffer_delay_ms=2000,
+            )
+            await ctx.push("Hello there. ")  # a whole sentence: nothing is held
+            await asyncio.sleep(1.5)
+            await ctx.push("How are")  # held from here: spoken 2 s later at the earliest
+            await asyncio.sleep(1.0)
+            await ctx.push(" you today?")
+            await ctx.no_more_inputs()
+            return await receive(ctx)
+
+    heard = run(go())
+    groups = [e.word_timestamps.words for e in heard.events if e.type == "timestamps"]
+    assert groups == [["Hello", "there."], ["How", "are", "you", "today?"]], groups
+
+
 def test_speed_and_volume_shape_the_audio(server):
     async def go():
         async with sdk(server) as client:

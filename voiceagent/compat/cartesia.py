@@ -251,7 +251,9 @@ class CartesiaSocket(ContextSocket):
             part.utterance.end()
         elif not text.strip() or ctx.gen.buffer_delay_ms == 0:
             part.utterance.flush()  # speak what is held now
-        elif ctx.timer is None:
+        elif not part.utterance.turn.holds_text:
+            ctx.stop_timer()  # a sentence end took all that was held: the delay restarts
+        elif ctx.timer is None:  # counted from when the held text began
             delay = ctx.gen.buffer_delay_ms / 1000
             loop = asyncio.get_running_loop()
             ctx.timer = loop.call_later(delay, self._held_too_long, ctx, part)

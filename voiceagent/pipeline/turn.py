@@ -184,6 +184,11 @@ class Turn:
         for seg in self._segmenter.push(delta):
             self._segments.put_nowait(seg)
 
+    @property
+    def holds_text(self) -> bool:
+        """Text has come that waits for its sentence's end (or a flush)."""
+        return self._segmenter.holding
+
     def flush_text(self) -> None:
         """Start on the buffered text now, although no sentence has ended."""
         for seg in self._segmenter.flush():

@@ -50,6 +50,11 @@ class Segmenter:
                 self._emitted += 1
         return out
 
+    @property
+    def holding(self) -> bool:
+        """Text is buffered that no segment has taken yet."""
+        return bool(self._buf.strip())
+
     def flush(self) -> list[str]:
         seg, self._buf = self._buf.strip(), ""
         return [seg] if seg else []
