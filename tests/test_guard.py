@@ -351,6 +351,54 @@ def test_a_client_that_stops_reading_loses_its_session_and_nobody_waits(
     assert server.voice_server.admission.live_turns == 0
 
 
+SPEECH = {"model": "tts-1", "response_format": "pcm", "input": LONG_TEXT * 6}
+CARTESIA_BYTES = {
+    "model_id": "sonic-3",
+    "output_format": {"container": "wav", "encoding": "pcm_s16le", "sample_rate": 24000},
+    "transcript": LONG_TEXT * 6,
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/audio/speech", SPEECH), ("/tts/bytes", CARTESIA_BYTES)],
+    ids=["openai", "cartesia"],
+)
+def test_an_http_client_that_stops_reading_gives_back_its_live_turn(
+    make_server, path: str, body: dict
+) -> None:
+    """What was seen: synthesis paused 10 s of audio ahead of a reader that stopped, and
+    its live-turn slot stayed taken for as long as the connection stayed open: two
+    such readers, and everyone else got server_busy."""
+    server = make_server(max_live_turns=1, guard=GuardConfig(send_timeout_s=0.5))
+    admission = server.voice_server.admission
+    voice = next(iter(server.voice_server.engine.model.voices))
+    host, port = server.http.split("//")[1].split(":")
+    named = {"voice": voice} if body is SPEECH else {"voice": {"mode": "id", "id": voice}}
+    payload = json.dumps(body | named).encode()
+
+    async def go() -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        try:
+            head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(f"{head}Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            # ... and never reads
+            await wait_until(lambda: admission.live_turns == 1)
+            # its buffers fill at the model's pace, which a busy machine slows
+            await wait_until(lambda: admission.live_turns == 0, 90)
+            async with httpx.AsyncClient(timeout=30) as http:  # the slot serves another
+                short = SPEECH | {"input": "Hi.", "voice": voice}
+                assert (await http.post(f"{server.http}/v1/audio/speech", json=short)).content
+        finally:
+            sock.close()
+
+    run(go())
+    closed = server.voice_server.metrics.closed.labels("slow_consumer")._value
+    assert closed.get() == 1
+
+
 def test_an_address_opening_connections_too_fast_gets_429_before_the_upgrade(
     tiny_model, tmp_path
 ) -> None:

@@ -8,16 +8,18 @@ counts in the same metrics as a session's turn, under the API's name as transpor
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Message, Send
 
 from ..audio.format import FRAME_MS, MODEL_RATE
 from ..auth.gate import Principal
@@ -294,7 +296,7 @@ async def streamed(
         utterance.close()
         return refuse(exc)
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncGenerator[bytes, None]:
         try:
             if first is not None:
                 yield encoder.encode(first * gain if gain != 1.0 else first)
@@ -310,4 +312,33 @@ async def streamed(
         finally:
             utterance.close()
 
-    return StreamingResponse(body(), media_type=media_type, headers=headers)
+    return _WatchedStream(body(), utterance.host, media_type=media_type, headers=headers)
+
+
+class _WatchedStream(StreamingResponse):
+    """A body whose reader must keep reading: one that stops for `send_timeout_s` (its
+    buffers full) loses the rest of its audio as a stalled socket does, so it holds no
+    live-turn slot and no synthesis. The connection itself stays until the client reads
+    or goes (the end of the body cannot be sent before)."""
+
+    def __init__(
+        self, content: AsyncGenerator[bytes, None], host: SessionHost, **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._body = content
+        self._host = host
+
+    async def stream_response(self, send: Send) -> None:
+        async def watched(message: Message) -> None:
+            if not message.get("more_body"):  # the start, or the end once the body is over
+                await send(message)
+                return
+            try:
+                async with asyncio.timeout(self._host.guard.send_timeout_s):
+                    await send(message)  # (written at once; what times out is the wait)
+            except TimeoutError:
+                log.info("a client stopped reading its audio: the rest is dropped")
+                self._host.engine.metrics.closed.labels(str(ErrorCode.SLOW_CONSUMER)).inc()
+                await self._body.aclose()  # the utterance closes: its slot is free
+
+        await super().stream_response(watched)
