@@ -359,10 +359,17 @@ CARTESIA_BYTES = {
 }
 
 
+ELEVENLABS = {"text": LONG_TEXT * 6}
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
-    [("/v1/audio/speech", SPEECH), ("/tts/bytes", CARTESIA_BYTES)],
-    ids=["openai", "cartesia"],
+    [
+        ("/v1/audio/speech", SPEECH),
+        ("/tts/bytes", CARTESIA_BYTES),
+        ("/v1/text-to-speech/{voice}/stream/with-timestamps?output_format=pcm_24000", ELEVENLABS),
+    ],
+    ids=["openai", "cartesia", "elevenlabs-timestamps"],
 )
 def test_an_http_client_that_stops_reading_gives_back_its_live_turn(
     make_server, path: str, body: dict
@@ -375,7 +382,8 @@ def test_an_http_client_that_stops_reading_gives_back_its_live_turn(
     voice = next(iter(server.voice_server.engine.model.voices))
     host, port = server.http.split("//")[1].split(":")
     named = {"voice": voice} if body is SPEECH else {"voice": {"mode": "id", "id": voice}}
-    payload = json.dumps(body | named).encode()
+    payload = json.dumps(body | (named if body is not ELEVENLABS else {})).encode()
+    path = path.format(voice=voice)
 
     async def go() -> None:
         sock = socket.socket()

@@ -22,13 +22,13 @@ import base64
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
@@ -56,7 +56,7 @@ from .elevenlabs_wire import (
     speed_of,
     speed_set,
 )
-from .utterance import ApiError, SpeechOptions, Utterance, json_body, streamed
+from .utterance import ApiError, SpeechOptions, Utterance, WatchedStream, json_body, streamed
 
 log = logging.getLogger(__name__)
 
@@ -428,7 +428,7 @@ class ElevenLabsApi:
                 item["audio_base64"] = base64.b64encode(data).decode()
             return json.dumps(item).encode() + b"\n"
 
-        async def lines() -> AsyncIterator[bytes]:
+        async def lines() -> AsyncGenerator[bytes, None]:
             try:
                 piece = first
                 while piece is not None:
@@ -445,7 +445,7 @@ class ElevenLabsApi:
             finally:
                 utterance.close()
 
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return WatchedStream(lines(), self.host, media_type="application/x-ndjson")
 
 
 async def _pieces(utterance: Utterance) -> AsyncIterator[np.ndarray | SpokenSegment]:

@@ -312,10 +312,10 @@ async def streamed(
         finally:
             utterance.close()
 
-    return _WatchedStream(body(), utterance.host, media_type=media_type, headers=headers)
+    return WatchedStream(body(), utterance.host, media_type=media_type, headers=headers)
 
 
-class _WatchedStream(StreamingResponse):
+class WatchedStream(StreamingResponse):
     """A body whose reader must keep reading: one that stops for `send_timeout_s` (its
     buffers full) loses the rest of its audio as a stalled socket does, so it holds no
     live-turn slot and no synthesis. The connection itself stays until the client reads
