@@ -132,6 +132,37 @@ def test_every_http_entry_refuses_a_missing_or_wrong_credential(site, method, pa
         assert r.headers["www-authenticate"] == "Bearer"
 
 
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [
+        ("/v1/audio/speech", lambda b: b["error"]["code"]),  # OpenAI's, as its SDK reads it
+        ("/v1/models", lambda b: b["error"]["code"]),
+        ("/v1/text-to-speech/v/stream", lambda b: b["detail"]["status"]),  # ElevenLabs'
+        ("/tts/bytes", lambda b: b["error_code"]),  # Cartesia's
+    ],
+)
+def test_a_drop_in_api_refuses_a_missing_credential_in_its_own_error_shape(site, path, shape):
+    """What was seen: every API got voiceagent's own body, which the OpenAI SDK reads
+    without its code and the ElevenLabs SDK without `detail`."""
+    method = "GET" if path == "/v1/models" else "POST"
+    for headers in ({}, bearer("nonsense")):
+        r = httpx.request(method, site.http + path, headers=headers, json={})
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert shape(r.json()) == "unauthorized"
+
+
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [
+        ("/v1/text-to-speech/v/multi-stream-input", lambda b: b["detail"]["status"]),
+        ("/tts/websocket", lambda b: b["error_code"]),
+    ],
+)
+def test_a_drop_in_socket_refuses_a_missing_credential_in_its_own_error_shape(site, path, shape):
+    status, body = run(handshake(site.ws + path))
+    assert status == 401 and shape(body) == "unauthorized"
+
+
 def test_a_session_over_websocket_runs_with_an_api_key(site):
     async def go():
         async with connect(site.ws + "/v1/ws", site.acme) as ws:

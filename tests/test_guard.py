@@ -439,6 +439,15 @@ def test_an_address_opening_connections_too_fast_gets_429_before_the_upgrade(
         assert offer.status_code == 429 and offer.json()["code"] == "rate_limited"
         assert offer.headers["retry-after"] == "1"
 
+        async def cartesia() -> tuple[int, dict]:  # in the API's own error shape
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                await connect(f"ws://{address}:{config.port}/tts/websocket")
+            response = refused.value.response
+            return response.status_code, json.loads(response.body)
+
+        status, body = run(cartesia())
+        assert status == 429 and body["error_code"] == "rate_limited"
+
 
 def test_invalid_utf8_from_a_client_is_one_info_line_not_an_error_with_traceback(
     server: BackgroundServer, caplog: pytest.LogCaptureFixture

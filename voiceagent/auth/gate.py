@@ -15,13 +15,14 @@ import ipaddress
 import json
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.requests import HTTPConnection
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
@@ -101,10 +102,18 @@ class Denial:
     def code(self) -> ErrorCode:
         return ErrorCode.UNAUTHORIZED if self.status == 401 else ErrorCode.FORBIDDEN
 
-    def response(self) -> JSONResponse:
+    def response(self, path: str, shape: Shape | None = None) -> Response:
+        """Ours, or the shape of the API `path` belongs to (its clients read theirs)."""
         body = {"type": "error", "code": str(self.code), "message": self.message}
-        headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        shaped = shape(path, self.code, self.message, self.status) if shape else None
+        response = shaped or JSONResponse(body, status_code=self.status)
+        if self.status == 401:
+            response.headers["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+# A refusal in the error shape of the API a path belongs to (None: voiceagent's own).
+Shape = Callable[[str, ErrorCode, str, int], Response | None]
 
 
 class Gate:
@@ -206,10 +215,13 @@ def _without_credential(path: str, query: bytes) -> bytes:
 
 
 class AuthMiddleware:
-    def __init__(self, app: ASGIApp, gate: Gate, twilio_signed: bool) -> None:
+    def __init__(
+        self, app: ASGIApp, gate: Gate, twilio_signed: bool, shape: Shape | None = None
+    ) -> None:
         self.app = app
         self.gate = gate
         self.twilio_signed = twilio_signed
+        self.shape = shape
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -223,7 +235,7 @@ class AuthMiddleware:
         if isinstance(found, Principal) and needs == "api_key" and found.kind != "key":
             found = Denial(403, "only an API key may do this, not a session token")
         if isinstance(found, Denial):
-            await _deny(scope, receive, send, found)
+            await _deny(scope, receive, send, found, self.shape)
             return
         scope = {
             **scope,
@@ -233,13 +245,16 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
-async def _deny(scope: Scope, receive: Receive, send: Send, denial: Denial) -> None:
+async def _deny(
+    scope: Scope, receive: Receive, send: Send, denial: Denial, shape: Shape | None
+) -> None:
     log.info("%s %s refused: %s", scope["type"], scope["path"], denial.message)
+    response = denial.response(scope["path"], shape)
     if scope["type"] == "http":
-        await denial.response()(scope, receive, send)
+        await response(scope, receive, send)
         return
     ws = WebSocket(scope, receive, send)
     if "websocket.http.response" in scope.get("extensions", {}):
-        await ws.send_denial_response(denial.response())  # HTTP 401/403, no upgrade
+        await ws.send_denial_response(response)  # HTTP 401/403, no upgrade
     else:  # a server without the extension answers 403 to a close before accept
         await ws.close(1008, json.dumps({"code": str(denial.code)}))

@@ -395,5 +395,8 @@ class CartesiaSocket(ContextSocket):
         message = {"type": "done", "context_id": context_id, "done": True}
         await self.send_json({**message, "status_code": STATUS_OK})
 
+    def http_error(self, error: ApiError) -> Response:
+        return http_error(error)
+
     async def write_error(self, context_id: str | None, error: ApiError) -> None:
         await self.send_json(error_body(error, context_id))

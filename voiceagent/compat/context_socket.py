@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..auth.gate import Principal, principal_of
@@ -27,7 +28,6 @@ from ..protocol.errors import CloseCode, ErrorCode
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
 from ..transport.guard import Deadlines, MessageGate, Verdict
-from ..transport.websocket import rate_limited_response
 from .utterance import ApiError, SpeechOptions, Utterance
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,10 @@ class ContextSocket(ABC):
     @abstractmethod
     async def write_error(self, context_id: str | None, error: ApiError) -> None:
         """A refusal or failure, of one context or of the socket, in the API's shape."""
+
+    def http_error(self, error: ApiError) -> Response:
+        """A refusal before the upgrade, in the API's shape (the dialect's)."""
+        return JSONResponse(error.body(), status_code=error.status)
 
     async def send_error(self, context_id: str | None, error: ApiError) -> None:
         self.host.engine.metrics.errors.labels(str(error.code)).inc()
@@ -179,7 +183,10 @@ async def serve_context_socket(host: SessionHost, ws: WebSocket, socket: Context
     guard = host.guard
     if not host.connections.admit(ws.client.host if ws.client else None, loop.time()):
         host.engine.metrics.refused.labels(str(ErrorCode.RATE_LIMITED)).inc()
-        await ws.send_denial_response(rate_limited_response())
+        why = "too many new connections from this address"
+        refused = socket.http_error(ApiError(ErrorCode.RATE_LIMITED, why, 429))
+        refused.headers["Retry-After"] = "1"
+        await ws.send_denial_response(refused)
         return
     await ws.accept()
     tenant = principal_of(ws).tenant

@@ -281,6 +281,9 @@ class ElevenLabsSocket(ContextSocket):
         self.state.pop(cid, None)
         await self.send_json({"isFinal": True, **self._ids(cid)})
 
+    def http_error(self, error: ApiError) -> Response:
+        return http_error(error)
+
     async def write_error(self, context_id: str | None, error: ApiError) -> None:
         """ElevenLabs' error message: `error` (our stable code) and `message`. One that
         ends a context (its synthesis failed) is followed by the context's isFinal."""

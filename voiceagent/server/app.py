@@ -52,7 +52,7 @@ from ..auth.gate import (
     Principal,
     exposure_warning,
 )
-from ..compat.routes import compat_routes
+from ..compat.routes import compat_routes, refusal
 from ..engine.embedded import EmbeddedEngine
 from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
@@ -164,7 +164,9 @@ class VoiceServer:
         elif web is not None:
             log.info("no demo page at / (%s has no index.html; see serve --web)", web)
         twilio_signed = bool(config.telephony.twilio_auth_token)
-        guard = Middleware(AuthMiddleware, gate=self.gate, twilio_signed=twilio_signed)
+        guard = Middleware(
+            AuthMiddleware, gate=self.gate, twilio_signed=twilio_signed, shape=refusal
+        )
         self.app = Starlette(
             routes=routes,
             lifespan=self._lifespan,
