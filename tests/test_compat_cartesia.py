@@ -596,7 +596,7 @@ def test_with_auth_on_a_key_is_needed_and_a_tenant_speaks_with_its_own_voices(
     assert by_acme.types[-1] == "done"
     assert by_globex.types == ["error"] and by_globex.events[0].error_code == "unknown_voice"
     r = httpx.post(server.http + "/tts/bytes", json={"transcript": SHORT})
-    assert (r.status_code, r.json()["code"]) == (401, "unauthorized")
+    assert (r.status_code, r.json()["error_code"]) == (401, "unauthorized")
 
 
 # -- Pipecat ----------------------------------------------------------------------------
