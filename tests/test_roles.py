@@ -71,6 +71,29 @@ def test_a_bad_roles_file_is_refused_naming_the_role_and_key(text, says):
     assert says in str(err.value) and str(err.value).startswith("roles.toml")
 
 
+def test_a_bad_sampling_beside_a_role_is_invalid_parameter_and_the_session_goes_on(
+    make_server, tmp_path, tiny_model
+):
+    # What was seen: the role's defaults were merged into it as a mapping, so a TypeError
+    # dropped the connection with no close frame.
+    voice = next(iter(tiny_model.voices))
+    server = make_server(roles_file=roles_file(tmp_path, voice))
+
+    async def go():
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start(voice="support")
+            codes = []
+            for bad in (None, 5, [], "x"):
+                await c.send({"type": "session.update", "voice": "support", "sampling": bad})
+                codes.append((await c.event())["code"])
+            return codes, await c.speak("Still here.")
+
+    codes, turn = run(go())
+    assert codes == ["invalid_parameter"] * 4
+    assert turn.event("turn.done") and turn.frames
+
+
 def test_sessions_choose_a_role_as_a_voice_and_get_its_defaults(make_server, tmp_path, tiny_model):
     voice = next(iter(tiny_model.voices))
     server = make_server(roles_file=roles_file(tmp_path, voice))

@@ -34,10 +34,12 @@ class Role:
     def settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """The session settings `changes` naming this role stand for: the role's
         defaults, overridden by anything `changes` sets itself."""
-        merged = {**self.defaults, **{k: v for k, v in changes.items() if k != "sampling"}}
-        sampling = {**self.defaults.get("sampling", {}), **changes.get("sampling", {})}
-        if sampling:
-            merged["sampling"] = sampling
+        merged = {**self.defaults, **changes}
+        asked = changes.get("sampling", {})
+        if isinstance(asked, dict):  # (anything else is the settings check's to refuse)
+            sampling = {**self.defaults.get("sampling", {}), **asked}
+            if sampling:
+                merged["sampling"] = sampling
         return merged
 
 
