@@ -333,7 +333,7 @@ def test_make_encoder_builds_each_codec() -> None:
     ("codec", "kwargs", "match"),
     [
         ("mp3", {}, "unknown codec 'mp3'"),
-        ("pcm16", {"sample_rate": 44100}, "pcm16 sample_rate"),
+        ("pcm16", {"sample_rate": 11025}, "pcm16 sample_rate"),
         ("opus", {"sample_rate": 16000}, "opus sample_rate must be one of 48000"),
         ("mulaw", {"sample_rate": 16000}, "mulaw sample_rate must be one of 8000"),
         ("alaw", {"sample_rate": 16000}, "alaw sample_rate must be one of 8000"),

@@ -130,8 +130,8 @@ CASES: list[tuple[str, Message, str]] = [
         "invalid_parameter",
     ),
     (
-        "pcm16 44100",
-        {"type": "session.update", "format": {"codec": "pcm16", "sample_rate": 44100}},
+        "pcm16 11025",
+        {"type": "session.update", "format": {"codec": "pcm16", "sample_rate": 11025}},
         "invalid_parameter",
     ),
     ("bitrate 1", {"type": "session.update", "format": {"bitrate": 1}}, "invalid_parameter"),

@@ -296,6 +296,9 @@ def test_a_turn_beyond_the_live_turn_limit_fails_at_once_with_server_busy(make_s
             refused = await b.speak("Me too.")
             error = refused.event("error")
             assert error["code"] == "server_busy" and "turn_id" in error
+            # the turn's events in the protocol's order (what was seen: the error came
+            # first, and a client that tracks turns by turn.started kept one open)
+            assert [e["type"] for e in refused.events] == ["turn.started", "error"]
             assert not refused.frames
             assert server.voice_server.admission.live_turns == 1  # a's turn plays on
             assert (await a.turn()).event("turn.done")

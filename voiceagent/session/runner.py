@@ -216,6 +216,7 @@ class SessionRunner:
     # -- actions --------------------------------------------------------------------------
 
     async def execute(self, actions: list[Action]) -> None:
+        refused: list[Action] = []  # a turn refused as it opens ends after its turn.started
         for action in actions:
             if isinstance(action, SendEvent):
                 self._observe(action.event)
@@ -224,7 +225,7 @@ class SessionRunner:
                 self._playouts.setdefault(action.num, TurnPlayout()).sent()
                 await self.transport.send_audio(action)
             elif isinstance(action, OpenTurn):
-                await self._open(action)
+                refused += self._open(action)
             elif isinstance(action, AppendText | FlushText | EndText):
                 target = self._turns.get(action.num)
                 if target is None:  # already finished here (e.g. failed): nothing to feed
@@ -244,6 +245,8 @@ class SessionRunner:
                 await self.hear(np.frombuffer(action.pcm, dtype="<i2"), action.sample_rate)
             elif isinstance(action, SetGain):
                 self.gain = action.gain
+        if refused:
+            await self.execute(refused)
 
     @property
     def playing_turn(self) -> int | None:
@@ -277,12 +280,12 @@ class SessionRunner:
         }
         log.info("turn.end", extra={k: v for k, v in fields.items() if v is not None})
 
-    async def _open(self, action: OpenTurn) -> None:
+    def _open(self, action: OpenTurn) -> list[Action]:
+        """Start the turn; what to do instead where the server refuses it."""
         if self.admission is not None:
             refusal = self.admission.admit_turn(self.core.catalog.tenant)
             if refusal is not None:
-                await self.execute(self.core.turn_failed(action.num, refusal.code, refusal.message))
-                return
+                return self.core.turn_failed(action.num, refusal.code, refusal.message)
             self._admitted.add(action.num)
         fmt = action.settings.format
         encoder = self._encoders[action.num] = make_encoder(fmt.codec, fmt.sample_rate, fmt.bitrate)
@@ -299,6 +302,7 @@ class SessionRunner:
         turn.start()
         self._turns[action.num] = turn
         self._order.put_nowait(action.num)
+        return []
 
     async def _cancel(self, action: CancelTurn) -> None:
         """Stop the turn at once and drop what the transport still queues; then tell the
