@@ -163,6 +163,23 @@ def test_a_drop_in_socket_refuses_a_missing_credential_in_its_own_error_shape(si
     assert status == 401 and shape(body) == "unauthorized"
 
 
+def test_a_credential_in_the_url_never_reaches_the_log(site, caplog):
+    """What was seen: uvicorn's `"WebSocket /v1/ws?api_key=va_..." [accepted]` line, at
+    INFO, for every socket that sent its key or token in the URL (refused ones too)."""
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="uvicorn.error")  # the server set WARNING
+
+    async def go():
+        accepted = await handshake(f"{site.ws}/v1/ws?api_key={site.acme}")
+        refused = await handshake(f"{site.ws}/v1/ws?access_token=va_00000000_{'x' * 43}")
+        return accepted[0], refused[0]
+
+    assert run(go()) == (101, 401)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any('"WebSocket /v1/ws"' in line for line in lines), lines
+    assert not [line for line in lines if site.acme in line or "va_00000000" in line]
+
+
 def test_a_session_over_websocket_runs_with_an_api_key(site):
     async def go():
         async with connect(site.ws + "/v1/ws", site.acme) as ws:

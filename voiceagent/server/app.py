@@ -68,7 +68,7 @@ from ..telephony.bot_server import serve_bot
 from ..telephony.call import CallRegistry, TelephonyConfig
 from ..telephony.media_streams import DIALECTS
 from ..telephony.stream_server import serve_media_stream
-from ..transport.guard import ClientNoise, ConnectionGate, GuardConfig
+from ..transport.guard import ClientNoise, ConnectionGate, GuardConfig, NoQueryStrings
 from ..transport.webrtc import WebRtcConfig, WebRtcGateway
 from ..transport.websocket import serve_websocket
 from .voices_api import make_registry, voice_routes
@@ -392,8 +392,9 @@ class VoiceServer:
 
 def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Config:
     uvicorn_log = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, ClientNoise) for f in uvicorn_log.filters):
-        uvicorn_log.addFilter(ClientNoise())
+    for kind in (ClientNoise, NoQueryStrings):
+        if not any(isinstance(f, kind) for f in uvicorn_log.filters):
+            uvicorn_log.addFilter(kind())
     return uvicorn.Config(
         server.app,
         host=server.config.host,

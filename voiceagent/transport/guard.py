@@ -199,3 +199,14 @@ class ClientNoise(logging.Filter):
         record.levelno, record.levelname = logging.INFO, "INFO"
         record.exc_info = record.exc_text = None
         return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+
+class NoQueryStrings(logging.Filter):
+    """uvicorn's WebSocket lines name the path with its query string, where credentials
+    (`?api_key=`, `?access_token=`) and a call's token travel: log the path alone."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if '"WebSocket %s"' in str(record.msg) and isinstance(args, tuple) and len(args) > 1:
+            record.args = (args[0], str(args[1]).split("?", 1)[0], *args[2:])
+        return True
