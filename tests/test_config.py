@@ -149,8 +149,13 @@ def test_serve_help_shows_the_real_defaults(capsys):
         ),
         pytest.param(
             "[server]\nprot = 8000\n",
-            "server.prot = 8000 (from {file}): unknown key; did you mean 'port'?",
+            "server.prot = \"***\" (from {file}): unknown key; did you mean 'port'?",
             id="unknown key",
+        ),
+        pytest.param(  # what was seen: a misspelt secret printed in clear
+            '[auth]\ntoken_secrt = "hunter2-very-secret"\n',
+            "auth.token_secrt = \"***\" (from {file}): unknown key; did you mean 'token_secret'?",
+            id="a misspelt secret",
         ),
         pytest.param(
             "[servr]\nport = 8000\n",

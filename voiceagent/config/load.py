@@ -152,11 +152,19 @@ def _problem(where: Path_, message: str, values: Layer) -> str:
     name = ".".join(where)
     if where in values:
         value, source = values[where]
-        shown = MASK if where[-1] in ("twilio_auth_token", "token_secret") else value
+        # a secret's value is never shown, nor an unknown key's: it may be a misspelt one
+        secret = where[-1] in ("twilio_auth_token", "token_secret") or not _known(where)
+        shown = MASK if secret else value
         return f"{name} = {toml_value(shown)} ({_from(source)}): {message}"
     # a whole section: its keys all came from one place, name the first
     sources = [s for p, (_, s) in values.items() if p[: len(where)] == where]
     return f"{name} ({_from(sources[0]) if sources else 'default'}): {message}"
+
+
+def _known(where: Path_) -> bool:
+    section = Settings.model_fields.get(where[0])
+    fields = section.annotation.model_fields if section and section.annotation else {}
+    return len(where) < 2 or where[1] in fields
 
 
 def _from(source: str) -> str:
