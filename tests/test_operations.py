@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 import websockets
 from conftest import run
 from prometheus_client.parser import text_string_to_metric_families
@@ -469,3 +470,43 @@ def test_sigterm_lets_the_live_turn_finish_refuses_newcomers_and_exits_0(
             proc.kill()
             proc.wait()
     assert "draining" in log.read_text()
+
+
+def test_the_drain_logs_carry_no_sessions_ids_whatever_the_signal_interrupted() -> None:
+    """What was seen: `SIGTERM: draining ...` and the drain's lines with the session_id
+    of whichever session's task the signal happened to interrupt."""
+    from types import SimpleNamespace
+
+    import structlog
+
+    from voiceagent.ops.logs import bind
+    from voiceagent.server.app import DrainingServer
+
+    seen: dict[str, Any] = {}
+
+    async def drain(timeout_s: float) -> None:
+        seen["ids"] = structlog.contextvars.get_contextvars()
+
+    voice = SimpleNamespace(
+        config=SimpleNamespace(drain_timeout_s=1.0), admission=SimpleNamespace(drain=drain)
+    )
+
+    async def go() -> None:
+        server = DrainingServer(uvicorn.Config(app=None), voice)  # type: ignore[arg-type]
+
+        async def a_session() -> None:
+            bind(session_id="s1")
+            server.handle_exit(signal.SIGTERM, None)
+
+        await asyncio.get_running_loop().create_task(a_session())
+        await asyncio.sleep(0.05)
+
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    try:
+        run(go())
+    finally:
+        configure_logging("warning", "text")
+    assert seen["ids"] == {}  # the drain's own lines
+    (line,) = [json.loads(x) for x in out.getvalue().splitlines() if "SIGTERM" in x]
+    assert "session_id" not in line, line

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 import signal
@@ -425,9 +426,12 @@ class DrainingServer(uvicorn.Server):
             return
         # Not super(): uvicorn would re-raise SIGTERM at exit, and the exit code would be
         # 143 for a shutdown that went as planned.
-        log.info("SIGTERM: draining for up to %.0f s", self.voice.config.drain_timeout_s)
-        loop = asyncio.get_event_loop()
-        loop.call_soon_threadsafe(self._start_drain)
+        # The handler runs in whatever the main thread was doing, a session's task maybe:
+        # in a context of its own, so the drain's lines carry no session's ids.
+        fresh = contextvars.Context()
+        timeout = self.voice.config.drain_timeout_s
+        fresh.run(log.info, "SIGTERM: draining for up to %.0f s", timeout)
+        asyncio.get_event_loop().call_soon_threadsafe(self._start_drain, context=fresh)
 
     def _start_drain(self) -> None:
         async def drain() -> None:
