@@ -343,6 +343,18 @@ def test_the_server_is_built_from_the_settings(tmp_path, monkeypatch):
     assert own.server_config().telephony.audiosocket_host == "10.0.0.5"
 
 
+def test_added_voices_go_beside_the_model_or_to_the_cache_for_the_built_in_ones(tmp_path):
+    from voiceagent.config import voices_folder
+    from voiceagent.model.tiny.checkpoint import default_tiny_dir
+
+    assert voices_folder(str(tmp_path / "v"), "/models/x") == tmp_path / "v"
+    assert voices_folder(None, "/models/x") == Path("/models/x/voices")
+    # the shipped voice lives in the package, and `tiny` is a name, not a folder (what
+    # was seen: `--model tiny` put tenants' voices in ./tiny/voices, wherever serve ran)
+    assert voices_folder(None, None) == default_tiny_dir() / "voices"
+    assert voices_folder(None, "tiny") == default_tiny_dir() / "voices"
+
+
 def test_the_engine_is_built_from_the_settings(tmp_path, monkeypatch, tiny_model):
     assert config.Settings().engine.acoustic_batching == "invariant"
     monkeypatch.setenv("VOICEAGENT_ENGINE__MAX_BATCH", "3")

@@ -439,10 +439,12 @@ class Settings(BaseSettings):
 
 
 def voices_folder(voices: str | None, model: str | None) -> Path:
-    """Where `voice add` writes and `serve` reads added voices."""
+    """Where `voice add` writes and `serve` reads added voices: the model directory's
+    `voices/`, except for the voice shipped in the package (which may be read-only) and
+    `tiny` (a name, not a folder), whose voices go to the user's cache."""
     if voices:
         return Path(voices)
-    if model:
+    if model and model != "tiny":
         return Path(model) / "voices"
     from ..model.tiny.checkpoint import default_tiny_dir
 
