@@ -39,7 +39,7 @@ def _settings(args: argparse.Namespace) -> config.Loaded | None:
 def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngine:
     """The engine `serve` runs: the [engine] settings over `model`."""
 
-    from .engine.embedded import EmbeddedEngine, default_threads, lm_dtype
+    from .engine.embedded import EmbeddedEngine
 
     engine_settings = settings.engine
     lm = None
@@ -63,26 +63,7 @@ def build_engine(settings: config.Settings, model: SpeechModel) -> EmbeddedEngin
             Path(engine_settings.sglang_export),
             engine_settings.sglang_timeout_s,
         )
-    return EmbeddedEngine(
-        model,
-        max_batch=engine_settings.max_batch,
-        threads=engine_settings.threads or default_threads(),
-        lm=lm,
-        acoustic_batching=engine_settings.acoustic_batching,
-        int8_prefill=engine_settings.lm_int8 != "off",
-        int8_decode=engine_settings.lm_int8 == "all",
-        flow_precision=engine_settings.flow_precision,
-        first_audio_first=engine_settings.priority == "first-audio",
-        flow_window=round(engine_settings.flow_window_s * 25) or None,  # 25 tokens/s
-        prompt_tail=engine_settings.flow_prompt_tail,
-        lm_dtype=lm_dtype(
-            engine_settings.lm_precision, model.device, engine_settings.lm_int8 != "off"
-        ),
-        lm_graphs=engine_settings.cuda_graphs == "on" and model.device.type == "cuda",
-        # the model's first voice, what a session speaks in when it names none
-        warm=list(model.voices.values())[:1],
-        warm_hold_backs=[h] if (h := settings.playout.vocoder_hold_back) >= 0 else [],
-    )
+    return EmbeddedEngine(model, lm=lm, **settings.engine_options(model))
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -39,11 +39,11 @@ from ..model.speech_model import SpeechModel
 from ..protocol import frames
 from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
-from ..session.playout import PlayoutConfig
 from ..train import corpus, teacher, wer
 from ..train.corpus import Sentence
 from ..train.feats import read_wav
 from .clients import Client, connect
+from .served import served_engine, served_playout
 from .ws import TurnSample, percentile
 
 DEFAULT_SENTENCES = 100
@@ -131,10 +131,10 @@ def synthesize(
 ) -> list[Spoken]:
     """Each sentence's written form spoken by a server on loopback, one session at a time,
     once per sampling seed 0 to `seeds` - 1 (seed by seed)."""
-    playout = PlayoutConfig(lead_ms=UNPACED_LEAD_MS, max_segment_tokens=int(max_speech_s * 25))
+    playout = served_playout(lead_ms=UNPACED_LEAD_MS, max_segment_tokens=int(max_speech_s * 25))
     config = ServerConfig(port=free_port(), playout=playout)
     spoken = []
-    with BackgroundServer(model, config) as server:
+    with BackgroundServer(model, config, **served_engine(model)) as server:
         asyncio.run(speak(server.url, WARM_UP, 0))  # first-call allocations
         for seed in range(seeds):
             for s in sentences:

@@ -29,8 +29,8 @@ from ..engine.acoustic import ACOUSTIC_BATCHING, AcousticBatching
 from ..model.speech_model import SpeechModel
 from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
-from ..session.playout import PlayoutConfig
 from .clients import Client, connect
+from .served import served_engine, served_playout
 from .ws import TEXTS, percentile
 
 
@@ -118,8 +118,8 @@ def measure(
     voices = list(model.voices)  # sessions spread over the model's voices
     # Each session's turns alone, one session at a time, unpaced: the reference samples.
     # (Alone, both modes run the same computation: a batch of one chunk.)
-    unpaced = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=100_000))
-    with BackgroundServer(model, unpaced) as server:
+    unpaced = ServerConfig(port=free_port(), playout=served_playout(lead_ms=100_000))
+    with BackgroundServer(model, unpaced, **served_engine(model)) as server:
         alone = [
             [t.pcm for t in asyncio.run(_session(server.url, i, turns, voices))]
             for i in range(max(levels))
@@ -132,8 +132,9 @@ def measure(
         if r % 2:
             order.reverse()
         for mode in order:
-            config = ServerConfig(port=free_port(), playout=PlayoutConfig(lead_ms=lead_ms))
-            with BackgroundServer(model, config, acoustic_batching=mode) as server:
+            config = ServerConfig(port=free_port(), playout=served_playout(lead_ms=lead_ms))
+            engine = served_engine(model, acoustic_batching=mode)
+            with BackgroundServer(model, config, **engine) as server:
                 asyncio.run(_session(server.url, 0, 1, voices))  # warm-up: first-call allocations
                 for n in levels:
                     runs[mode][n].append(_level(server, n, turns, alone, voices))

@@ -18,6 +18,7 @@ import httpx
 from ..model.checkpoint import SpeechModel
 from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
+from .served import served_engine, served_playout
 
 TEXT = (
     "Thanks for calling. Your order shipped this morning and should arrive on Thursday. "
@@ -61,9 +62,9 @@ def _row(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def measure(model: SpeechModel, turns: int = 5, concurrent: int = 4) -> dict[str, Any]:
-    config = ServerConfig(port=free_port())
+    config = ServerConfig(port=free_port(), playout=served_playout())
     voice = next(iter(model.voices))
-    with BackgroundServer(model, config) as server:
+    with BackgroundServer(model, config, **served_engine(model)) as server:
         url = f"{server.http}/v1/audio/speech"
 
         async def go() -> dict[str, Any]:

@@ -33,10 +33,10 @@ import numpy as np
 from ..model.speech_model import SpeechModel
 from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
-from ..session.playout import PlayoutConfig
 from . import phone_speech
 from .carriers import SimulatedTwilioCall
 from .clients import connect
+from .served import served_engine, served_playout
 from .ws import TEXTS, percentile
 
 ONSET_RMS = 300.0  # a 20 ms frame of the caller's sentence this loud is speech (~-40 dBFS)
@@ -276,13 +276,13 @@ def measure(
         raise RuntimeError(
             f"no phone speech in {phone_speech.SOUNDS_DIR}: install asterisk-core-sounds-en-wav"
         )
-    playout = PlayoutConfig(
+    playout = served_playout(
         lead_ms=lead_ms, max_segment_tokens=int(max_speech_s * 25), max_ahead_ms=max_ahead_ms
     )
     config = ServerConfig(port=free_port(), playout=playout, web_dir=None)
     runs: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    with BackgroundServer(model, config) as server:
+    with BackgroundServer(model, config, **served_engine(model)) as server:
         base = server.http.replace("http://", "ws://")
         warm = replace(opts, turns=1, listen_s=0.3)
         voices = list(model.voices)

@@ -22,6 +22,7 @@ from ..model.checkpoint import SpeechModel
 from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
 from .clients import Client, connect
+from .served import served_engine, served_playout
 
 SENTENCE = "Thanks for calling, your order shipped this morning."
 QUOTA = "[tenants.a]\nsessions = {sessions}\nturns_per_min = {turns}\nchars_per_min = {chars}\n"
@@ -86,8 +87,10 @@ def measure(
         key_a, _ = keys.add_key(keys_file, "a")
         key_b, _ = keys.add_key(keys_file, "b")
         auth = AuthConfig("on", keys_file, "bench-secret")
-        config = ServerConfig(port=free_port(), auth=auth, max_sessions=64)
-        with BackgroundServer(model, config) as server:
+        config = ServerConfig(
+            port=free_port(), auth=auth, max_sessions=64, playout=served_playout()
+        )
+        with BackgroundServer(model, config, **served_engine(model)) as server:
 
             async def run() -> dict[str, Any]:
                 await _ttfa(server.url, key_b, 2)  # warm up

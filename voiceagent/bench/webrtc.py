@@ -161,6 +161,7 @@ def measure(
     base = f"http://127.0.0.1:{port}"
     runs: list[dict[str, Any]] = []
     try:
+        served = httpx.get(f"{base}/health", timeout=10).json()["model"]  # without --model too
         asyncio.run(level(base, proc.pid, 1, Options(1.0, opts.client_prefetch)))  # warm-up
         for n in levels:
             runs.append(asyncio.run(level(base, proc.pid, n, opts)))
@@ -175,7 +176,7 @@ def measure(
     ok = [r for r in runs if r["realtime"]]
     best = ok[-1] if ok else runs[0]
     return {
-        "model": model or "tiny",
+        "model": served,
         "sessions_realtime": best["sessions"] if ok else 0,
         "bargein_ms_p50": best["bargein_ms_p50"],
         "bargein_ms_p95": best["bargein_ms_p95"],

@@ -22,8 +22,8 @@ from ..engine.embedded import LMBackend
 from ..model.speech_model import SpeechModel
 from ..server.app import ServerConfig
 from ..server.background import BackgroundServer, free_port
-from ..session.playout import PlayoutConfig
 from .clients import Client, connect
+from .served import served_engine, served_playout
 
 TEXTS = (
     "Thanks for calling. Your order shipped this morning and should arrive on Thursday.",
@@ -101,11 +101,13 @@ def measure(
 ) -> dict[str, Any]:
     """Streaming vs the whole-utterance baseline; with `lm_factory`, also streaming with
     that LM backend (SGLang) as mode `sglang`."""
-    engine = gpu_engine(max(levels)) if model.device.type == "cuda" else {}
-    report: dict[str, Any] = {"model": model.name, "runs": {}, "engine": _shown(engine)}
+    gpu = gpu_engine(max(levels)) if model.device.type == "cuda" else {}
+    engine = served_engine(model, **gpu)
+    shown = _shown({k: v for k, v in engine.items() if k != "warm"})  # (voices: not JSON)
+    report: dict[str, Any] = {"model": model.name, "runs": {}, "engine": shown}
     modes = ["streaming", "baseline"] + (["sglang"] if lm_factory else [])
     for mode in modes:
-        playout = PlayoutConfig(
+        playout = served_playout(
             lead_ms=lead_ms,
             streaming=mode != "baseline",
             max_segment_tokens=max_segment_tokens,

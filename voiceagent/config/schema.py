@@ -1,5 +1,10 @@
 """The schema: every key of the server's configuration, its default, meaning, flag and
-range, one pydantic model per [section] of the TOML file."""
+range, one pydantic model per [section] of the TOML file, and what the server and the
+engine are built with from them.
+
+Over 500 lines: one key after another, each with its meaning and range, which read best
+in one place.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from pydantic_settings import (
 )
 
 if TYPE_CHECKING:
+    from ..model.speech_model import SpeechModel
     from ..server.app import ServerConfig
 
 ENV_PREFIX = "VOICEAGENT_"
@@ -384,6 +390,29 @@ class Settings(BaseSettings):
 
     def voices_dir(self) -> Path:
         return voices_folder(self.server.voices or None, self.model.path or None)
+
+    def engine_options(self, model: SpeechModel) -> dict[str, Any]:
+        """The embedded engine's options over `model` (all but the LM backend, which the
+        caller builds: SGLang's client)."""
+        from ..engine.embedded import default_threads, lm_dtype
+
+        e = self.engine
+        return {
+            "max_batch": e.max_batch,
+            "threads": e.threads or default_threads(),
+            "acoustic_batching": e.acoustic_batching,
+            "int8_prefill": e.lm_int8 != "off",
+            "int8_decode": e.lm_int8 == "all",
+            "flow_precision": e.flow_precision,
+            "first_audio_first": e.priority == "first-audio",
+            "flow_window": round(e.flow_window_s * 25) or None,  # 25 tokens/s
+            "prompt_tail": e.flow_prompt_tail,
+            "lm_dtype": lm_dtype(e.lm_precision, model.device, e.lm_int8 != "off"),
+            "lm_graphs": e.cuda_graphs == "on" and model.device.type == "cuda",
+            # the model's first voice, what a session speaks in when it names none
+            "warm": list(model.voices.values())[:1],
+            "warm_hold_backs": [h] if (h := self.playout.vocoder_hold_back) >= 0 else [],
+        }
 
     def server_config(self) -> ServerConfig:
         """The server's runtime configuration (the engine is built by the caller)."""
