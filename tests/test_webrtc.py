@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.exceptions import InvalidStateError
 from conftest import run
 
@@ -400,6 +400,36 @@ def test_an_offer_never_completed_times_out(make_server):
 
     run(go())
     # operators see why (it was counted nowhere)
+    metrics = httpx.get(f"{server.http}/metrics").text
+    assert 'voiceagent_sessions_closed_total{reason="connect_timeout"} 1.0' in metrics
+
+
+def test_a_connected_peer_that_never_opens_a_control_channel_is_dropped(make_server):
+    """What was seen: a peer that connected with a pre-negotiated channel (no open message
+    reaches the server) held its session slot for good: the start timeout counts from the
+    channel's opening, and the connect deadline only asked for a connection."""
+    server = make_server(webrtc=WebRtcConfig(connect_timeout_s=1.0))
+
+    async def go() -> None:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        channel = pc.createDataChannel("control", negotiated=True, id=0)
+        pc.addTransceiver("audio", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        try:
+            async with httpx.AsyncClient() as http:
+                offer = {"sdp": pc.localDescription.sdp, "type": "offer"}
+                answer = (await http.post(f"{server.http}/v1/webrtc/offer", json=offer)).json()
+            await pc.setRemoteDescription(RTCSessionDescription(answer["sdp"], "answer"))
+            deadline = time.monotonic() + 10
+            while channel.readyState != "open":
+                assert time.monotonic() < deadline, "the peer never connected"
+                await asyncio.sleep(0.05)
+            assert health(server)["sessions"] == 1
+            await until_no_sessions(server, "a session without control was kept")
+        finally:
+            await pc.close()
+
+    run(go())
     metrics = httpx.get(f"{server.http}/metrics").text
     assert 'voiceagent_sessions_closed_total{reason="connect_timeout"} 1.0' in metrics
 

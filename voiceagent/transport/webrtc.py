@@ -243,9 +243,18 @@ class WebRtcSession:
             self.close_soon()
 
     async def _connect_deadline(self) -> None:
+        """Connected, with the control channel open (session.start's own timeout counts
+        from that), by `connect_timeout_s`: else the session goes."""
         await asyncio.sleep(self.config.connect_timeout_s)
-        if self.pc.connectionState != "connected":
-            log.info("session %s: not connected after %ss", self.id, self.config.connect_timeout_s)
+        missing = (
+            "connection"
+            if self.pc.connectionState != "connected"
+            else "control channel"
+            if self.transport.channel is None
+            else None
+        )
+        if missing is not None:
+            log.info("session %s: no %s after %ss", self.id, missing, self.config.connect_timeout_s)
             self._count_closed(ErrorCode.CONNECT_TIMEOUT)
             self.close_soon()
 
