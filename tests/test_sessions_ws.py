@@ -233,6 +233,37 @@ def test_cancel_of_a_queued_turn_leaves_the_playing_one_alone(make_server):
     assert {f.turn for f in r.frames} == {1}
 
 
+def test_a_format_update_leaves_the_playing_turn_in_its_own_framing(make_server):
+    """A turn copies `format` when it opens. What was seen: a `framing` changed while it
+    played switched its frames from headers to raw mid-turn (or sent Opus in Twilio
+    messages), where only the next turn should change."""
+    server = make_server(playout=PlayoutConfig(lead_ms=100_000))
+    text = "Let me read the full terms and conditions to you now. " * 2
+
+    async def go() -> tuple[list[int], list[int]]:
+        async with connect(server.url) as ws:
+            await ws.send(json.dumps({"type": "session.start", "format": {"codec": "pcm16"}}))
+            await ws.recv()
+            sizes: dict[str, list[int]] = {"a": [], "b": []}
+            for turn in ("a", "b"):
+                await ws.send(json.dumps({"type": "speak", "turn_id": turn, "text": text}))
+                while True:
+                    message = await asyncio.wait_for(ws.recv(), 60)
+                    if isinstance(message, bytes):
+                        sizes[turn].append(len(message))
+                        if turn == "a" and len(sizes["a"]) == 5:
+                            update = {"type": "session.update", "format": {"framing": "raw"}}
+                            await ws.send(json.dumps(update))
+                    elif json.loads(message)["type"] == "turn.done":
+                        break
+            return sizes["a"], sizes["b"]
+
+    a, b = run(go())
+    samples = 24000 * 20 // 1000  # 20 ms of pcm16 at 24 kHz: 960 bytes
+    assert set(a) == {2 * samples + 16}, set(a)  # the header, all through turn a
+    assert set(b) == {2 * samples}  # raw from the next turn on
+
+
 def test_health_reports_sessions(server):
     async def go():
         async with connect(server.url) as ws:

@@ -23,6 +23,9 @@ class SendAudio:
     pts_ms: int
     codec: str
     payload: bytes
+    # the WebSocket framing of its turn, fixed when the turn opened, as its codec is
+    framing: str = "header"
+    stream_sid: str = ""
 
 
 @dataclass(frozen=True)

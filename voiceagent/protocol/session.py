@@ -115,6 +115,7 @@ class _Turn:
     frames: int = 0
     cancel_reason: str = "cancel"  # why it is stopping: cancel | barge_in
     levels: list[float] = field(default_factory=list)  # not yet sent in audio.levels
+    framing: tuple[str, str] = ("header", "")  # its format's framing and stream_sid
 
 
 def error_event(code: ErrorCode, message: str, turn_id: str | None = None) -> dict[str, Any]:
@@ -391,7 +392,8 @@ class SessionCore:
         if cmd.voice is not None:  # this turn's voice (or role: its defaults too)
             changes = self.catalog.with_role({"voice": cmd.voice})
             settings = apply_settings(settings, changes, self.catalog.names)
-        turn = _Turn(self._next_num, turn_id, settings.voice)
+        fmt = settings.format
+        turn = _Turn(self._next_num, turn_id, settings.voice, framing=(fmt.framing, fmt.stream_sid))
         self._next_num += 1
         self._ids.add(turn_id)
         self._turns[turn.num] = turn
@@ -501,7 +503,8 @@ class SessionCore:
             actions.append(
                 SendEvent({"type": "turn.first_audio", "turn_id": turn.turn_id, "turn": num})
             )
-        actions.append(SendAudio(num, turn.frames, turn.frames * FRAME_MS, codec, payload))
+        pts_ms = turn.frames * FRAME_MS
+        actions.append(SendAudio(num, turn.frames, pts_ms, codec, payload, *turn.framing))
         turn.frames += 1
         turn.levels.append(round(level, 3))
         if len(turn.levels) >= LEVELS_PER_EVENT:

@@ -43,6 +43,8 @@ class WebSocketTransport(Transport):
         # `twilio` framing: the Twilio messages a bot forwards, and the marks it echoes back
         self.marks = MarkBook()
         self._twilio = JsonStream(TWILIO)
+        # each playing turn's framing: its own, though the session's changes meanwhile
+        self._framing: dict[int, tuple[str, str]] = {}
 
     async def _send(self, data: str | bytes) -> None:
         """Send one message; a client that stopped reading ends its session after
@@ -65,11 +67,11 @@ class WebSocketTransport(Transport):
         await self._send(json.dumps(event))
 
     async def send_audio(self, frame: SendAudio) -> None:
-        fmt = self._format()
-        if fmt.framing == "raw":
+        self._framing[frame.num] = (frame.framing, frame.stream_sid)
+        if frame.framing == "raw":
             await self._send(frame.payload)
-        elif fmt.framing == "twilio":
-            await self._send(self._twilio_stream(fmt.stream_sid).media(frame.payload))
+        elif frame.framing == "twilio":
+            await self._send(self._twilio_stream(frame.stream_sid).media(frame.payload))
             name = self.marks.sent(frame.num)
             if name is not None:
                 await self._send(self._twilio.mark(name))
@@ -79,15 +81,20 @@ class WebSocketTransport(Transport):
 
     async def end_turn(self, num: int) -> None:
         name = self.marks.end(num)
-        if name is not None and self._format().framing == "twilio":
+        if name is not None and self._turn_framing(num) == "twilio":
             await self._send(self._twilio.mark(name))
 
     async def drop_turn(self, num: int) -> None:
         """Nothing is queued here (the runner sends each frame when it is due); with
         `twilio` framing the bot forwards our `clear` to drop what Twilio buffers."""
-        if self.marks.has_audio(num) and self._format().framing == "twilio":
+        if self.marks.has_audio(num) and self._turn_framing(num) == "twilio":
             self.marks.clear(num)
             await self._send(self._twilio.clear())
+
+    def _turn_framing(self, num: int) -> str:
+        """The framing turn `num`'s frames went out in (it is done with after this)."""
+        framing, _ = self._framing.pop(num, (self._format().framing, ""))
+        return framing
 
     async def close(self, code: int, reason: str) -> None:
         with contextlib.suppress(Exception):  # already closed, or the peer is gone
