@@ -121,6 +121,9 @@ class SessionRunner:
         # for listeners' reports after a cancel: each turn's number and what the server
         # knows it heard, the answer if none comes
         self._waits: dict[asyncio.Task[None], tuple[int, Heard]] = {}
+        # cancelled turns whose turn.cancelled waits for the listener's report: the next
+        # turn's frames wait for it (a turn's frames follow the last one's final event)
+        self._unsettled: dict[int, asyncio.Event] = {}
         self.gain = 1.0  # applied to each frame as it is encoded (ducking)
         self._idle_at = asyncio.get_running_loop().time()  # when the last turn ended
         # when the listener will have played all it was sent (monotonic): the next turn's
@@ -265,6 +268,8 @@ class SessionRunner:
         outcome = turn_outcome(event)
         if outcome is not None:
             self._log_end(event["turn_id"], outcome, event)
+            if (settled := self._unsettled.pop(event.get("turn", -1), None)) is not None:
+                settled.set()
 
     def _log_end(self, turn_id: str, outcome: str, event: dict[str, Any]) -> None:
         timings = event.get("timings") or {}
@@ -321,9 +326,16 @@ class SessionRunner:
             with contextlib.suppress(ConnectionError):
                 await self.execute(self.core.stopped(action.num, heard.ms, heard.source))
 
+        self._unsettled[action.num] = settled = asyncio.Event()
         task = asyncio.get_running_loop().create_task(fall_back())
         self._waits[task] = (action.num, heard)
-        task.add_done_callback(lambda done: self._waits.pop(done, None))
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._waits.pop(task, None)
+            self._unsettled.pop(action.num, None)
+            settled.set()  # (its final event has gone, or never will)
+
+        task.add_done_callback(done)
 
     def _turn_settings(self, s: Settings, encoder: Encoder) -> TurnSettings:
         sp = s.sampling
@@ -356,6 +368,8 @@ class SessionRunner:
             turn = self._turns.get(num)
             if turn is None:  # cancelled while queued
                 continue
+            for settled in list(self._unsettled.values()):  # (at most wait_listener_ms)
+                await settled.wait()
             task = asyncio.get_running_loop().create_task(
                 self._play(num, turn, self._encoders[num])
             )
