@@ -162,6 +162,38 @@ def test_the_next_turns_audio_waits_for_the_cancelled_turns_report(make_server):
     assert seen.index("turn.cancelled a") < seen.index("frame 2"), seen[10:30]
 
 
+def test_a_turn_cancelled_while_it_waits_for_the_last_ones_report_is_skipped(make_server):
+    server = make_server()
+    text = "Let me read the full terms and conditions to you now. " * 2
+
+    async def go() -> list[str]:
+        async with connect(server.url) as ws:
+            start = {"format": {"codec": "pcm16"}, "playback": {"reports": True, "timeout_ms": 600}}
+            await ws.send(json.dumps({"type": "session.start", **start}))
+            await ws.recv()
+            for turn_id in ("a", "b"):
+                await ws.send(json.dumps({"type": "speak", "turn_id": turn_id, "text": text}))
+            seen: list[str] = []
+            while "turn.done c" not in seen:
+                message = await asyncio.wait_for(ws.recv(), 60)
+                if isinstance(message, bytes):
+                    seen.append(f"frame {frames.unpack(message).turn}")
+                    if seen.count("frame 1") == 15:
+                        await ws.send(json.dumps({"type": "cancel", "turn_id": "a"}))
+                        await asyncio.sleep(0.2)  # b now waits for a's report: cancel it too
+                        await ws.send(json.dumps({"type": "cancel", "turn_id": "b"}))
+                        await ws.send(json.dumps({"type": "speak", "turn_id": "c", "text": "Hi."}))
+                    continue
+                event = json.loads(message)
+                if event["type"] in ("turn.cancelled", "turn.done"):
+                    seen.append(f"{event['type']} {event['turn_id']}")
+            return seen
+
+    seen = run(go())
+    assert "frame 2" not in seen and "turn.cancelled b" in seen
+    assert seen.index("turn.cancelled a") < seen.index("frame 3")  # c plays, after a's end
+
+
 def test_back_to_back_turns_never_pile_up_audio_at_the_listener(make_server):
     """The server sends `lead_ms` (200) ahead of the listener's playout, across turns too.
     What was seen: three turns in a row left 200, 420, then 640 ms queued at the

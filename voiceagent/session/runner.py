@@ -365,11 +365,11 @@ class SessionRunner:
     async def _play_turns(self) -> None:
         while True:
             num = await self._order.get()
+            for settled in list(self._unsettled.values()):  # (at most wait_listener_ms)
+                await settled.wait()
             turn = self._turns.get(num)
             if turn is None:  # cancelled while queued
                 continue
-            for settled in list(self._unsettled.values()):  # (at most wait_listener_ms)
-                await settled.wait()
             task = asyncio.get_running_loop().create_task(
                 self._play(num, turn, self._encoders[num])
             )
