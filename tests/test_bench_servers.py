@@ -46,3 +46,14 @@ def test_a_benchmark_measures_the_server_serve_runs(bench, tiny_model, monkeypat
     assert config.playout.schedule == serve.server_config().playout.schedule
     for option in ("first_audio_first", "flow_window", "prompt_tail", "warm_hold_backs"):
         assert engine[option] == served[option], option
+
+
+def test_a_benchmark_takes_serves_configuration_from_the_environment(
+    tiny_model, monkeypatch
+) -> None:
+    monkeypatch.setenv("VOICEAGENT_PLAYOUT__VOCODER_HOLD_BACK", "8")
+    monkeypatch.setattr(speech_api, "BackgroundServer", capture)
+    with pytest.raises(Built) as built:
+        speech_api.measure(tiny_model)
+    config, engine = built.value.args
+    assert config.playout.hold_back == 8 and engine["warm_hold_backs"] == [8]
