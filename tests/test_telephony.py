@@ -471,6 +471,13 @@ def test_broken_starts_and_tokens_are_closed_with_a_code(
         await early.open(start=False)
         await early.send_media_now()  # media before start
         assert await closed(early) == 1008
+        stopped = twilio(server, token=token())
+        await stopped.open(start=False)
+        stop = {"callSid": "CA" + "0" * 32, "accountSid": "AC" + "0" * 32}
+        await stopped.send_raw(
+            json.dumps({"event": "stop", "sequenceNumber": "1", "streamSid": "MZ1", "stop": stop})
+        )
+        assert await closed(stopped) == 1008  # a stop before start, as the docs say
         no_token = twilio(server)
         await no_token.open()
         assert await closed(no_token) == 1008
