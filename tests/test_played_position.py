@@ -130,66 +130,55 @@ def test_websocket_without_reports_the_estimate_says_it_is_the_server_s(make_ser
     assert 500 <= cancelled["played_ms"] <= min(cancelled["sent_ms"], elapsed * 1000 + 20)
 
 
+async def reported_turns(url: str, after_15_frames: Any, last: str) -> list[str]:
+    """A pcm16 session with playback reports that never reports: turns a and b spoken,
+    `after_15_frames(ws)` called at a's 15th frame; the frames' turns and the turns' ends
+    in the order they came, until `last` (e.g. "turn.done b")."""
+    text = "Let me read the full terms and conditions to you now. " * 2
+    async with connect(url) as ws:
+        start = {"format": {"codec": "pcm16"}, "playback": {"reports": True, "timeout_ms": 600}}
+        await ws.send(json.dumps({"type": "session.start", **start}))
+        await ws.recv()
+        for turn_id in ("a", "b"):
+            await ws.send(json.dumps({"type": "speak", "turn_id": turn_id, "text": text}))
+        seen: list[str] = []
+        while last not in seen:
+            message = await asyncio.wait_for(ws.recv(), 60)
+            if isinstance(message, bytes):
+                seen.append(f"frame {frames.unpack(message).turn}")
+                if seen.count("frame 1") == 15:
+                    await after_15_frames(ws)
+                continue
+            event = json.loads(message)
+            if event["type"] in ("turn.cancelled", "turn.done"):
+                seen.append(f"{event['type']} {event['turn_id']}")
+        return seen
+
+
+async def cancel(ws: Any, turn_id: str) -> None:
+    await ws.send(json.dumps({"type": "cancel", "turn_id": turn_id}))
+
+
 def test_the_next_turns_audio_waits_for_the_cancelled_turns_report(make_server):
     """Frames of a turn come after the last turn's final event. What was seen: with
     playback reports, the next turn played while turn.cancelled waited for the client's
     report, so a raw-framed client could not tell whose audio it was."""
     server = make_server()
-    text = "Let me read the full terms and conditions to you now. " * 2
-
-    async def go() -> list[str]:
-        async with connect(server.url) as ws:
-            start = {"format": {"codec": "pcm16"}, "playback": {"reports": True, "timeout_ms": 600}}
-            await ws.send(json.dumps({"type": "session.start", **start}))
-            await ws.recv()
-            for turn_id in ("a", "b"):
-                await ws.send(json.dumps({"type": "speak", "turn_id": turn_id, "text": text}))
-            seen: list[str] = []
-            while "turn.done b" not in seen:
-                message = await asyncio.wait_for(ws.recv(), 60)
-                if isinstance(message, bytes):
-                    seen.append(f"frame {frames.unpack(message).turn}")
-                    if seen.count("frame 1") == 15:
-                        await ws.send(json.dumps({"type": "cancel", "turn_id": "a"}))
-                    continue
-                event = json.loads(message)
-                if event["type"] in ("turn.cancelled", "turn.done"):
-                    seen.append(f"{event['type']} {event['turn_id']}")
-            return seen
-
-    seen = run(go())
+    seen = run(reported_turns(server.url, lambda ws: cancel(ws, "a"), "turn.done b"))
     # (no report comes from this client: turn.cancelled follows timeout_ms later)
     assert seen.index("turn.cancelled a") < seen.index("frame 2"), seen[10:30]
 
 
 def test_a_turn_cancelled_while_it_waits_for_the_last_ones_report_is_skipped(make_server):
     server = make_server()
-    text = "Let me read the full terms and conditions to you now. " * 2
 
-    async def go() -> list[str]:
-        async with connect(server.url) as ws:
-            start = {"format": {"codec": "pcm16"}, "playback": {"reports": True, "timeout_ms": 600}}
-            await ws.send(json.dumps({"type": "session.start", **start}))
-            await ws.recv()
-            for turn_id in ("a", "b"):
-                await ws.send(json.dumps({"type": "speak", "turn_id": turn_id, "text": text}))
-            seen: list[str] = []
-            while "turn.done c" not in seen:
-                message = await asyncio.wait_for(ws.recv(), 60)
-                if isinstance(message, bytes):
-                    seen.append(f"frame {frames.unpack(message).turn}")
-                    if seen.count("frame 1") == 15:
-                        await ws.send(json.dumps({"type": "cancel", "turn_id": "a"}))
-                        await asyncio.sleep(0.2)  # b now waits for a's report: cancel it too
-                        await ws.send(json.dumps({"type": "cancel", "turn_id": "b"}))
-                        await ws.send(json.dumps({"type": "speak", "turn_id": "c", "text": "Hi."}))
-                    continue
-                event = json.loads(message)
-                if event["type"] in ("turn.cancelled", "turn.done"):
-                    seen.append(f"{event['type']} {event['turn_id']}")
-            return seen
+    async def cancel_both_then_speak(ws: Any) -> None:
+        await cancel(ws, "a")
+        await asyncio.sleep(0.2)  # b now waits for a's report: cancel it too
+        await cancel(ws, "b")
+        await ws.send(json.dumps({"type": "speak", "turn_id": "c", "text": "Hi."}))
 
-    seen = run(go())
+    seen = run(reported_turns(server.url, cancel_both_then_speak, "turn.done c"))
     assert "frame 2" not in seen and "turn.cancelled b" in seen
     assert seen.index("turn.cancelled a") < seen.index("frame 3")  # c plays, after a's end
 
