@@ -261,6 +261,33 @@ def test_the_error_table_lists_exactly_the_error_codes() -> None:
     )
 
 
+# Where the errors a session's socket can carry are raised: its protocol core, its
+# admission, its runner and pipeline, and the guard in front of it.
+SESSION_ERROR_SOURCES = [
+    "protocol/messages.py",
+    "protocol/session.py",
+    "session/admission.py",
+    "session/runner.py",
+    "pipeline/turn.py",
+    "transport/guard.py",
+]
+
+
+def test_the_demo_page_has_plain_words_for_every_error_a_session_can_get() -> None:
+    # What was seen: idle_timeout and session_start_timeout were shown as "The server
+    # reported an error."
+    values = {c.value for c in ErrorCode}
+    raised: set[str] = set()
+    for name in SESSION_ERROR_SOURCES:
+        text = (PACKAGE / name).read_text()
+        raised |= {ErrorCode[m].value for m in re.findall(r"ErrorCode\.([A-Z_]+)", text)}
+        raised |= set(re.findall(r'"([a-z_]+)"', text)) & values
+    assert {"idle_timeout", "synthesis_failed", "text_too_long"} <= raised  # the reader reads
+    page = (ROOT / "web" / "app.js").read_text()
+    words = page[page.index("const ERROR_TEXT = {") : page.index("};", page.index("ERROR_TEXT"))]
+    assert raised <= set(re.findall(r"^  ([a-z_]+):", words, re.M)), raised
+
+
 def test_the_webrtc_offer_error_table_lists_exactly_the_offer_errors() -> None:
     table = _table(PROTOCOL, "WebRTC sessions", ["code", "HTTP status", "when"])
     status = table.column("HTTP status")

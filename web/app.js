@@ -40,11 +40,24 @@ const ERROR_TEXT = {
   rate_limited: "The page sent messages too fast; the server slowed it down.",
   synthesis_failed: "The server could not make the audio for this reply.",
   engine_unavailable: "The speech engine behind the server cannot be reached right now.",
+  session_start_timeout: "The page took too long to start its session.",
+  idle_timeout: "The session was idle for too long.",
   internal_error: "The server hit an internal error on this reply.",
 };
 
 // Errors that come with a refused connection: they are said in the connection's message.
 const REFUSAL_CODES = new Set(["server_draining", "too_many_sessions", "quota_exceeded"]);
+// Errors that turn down the message opening a reply. They carry no turn_id
+// (docs/protocol.md); the server answers in order, so they are about the oldest reply the
+// page sent that has no turn.started yet. (unknown_voice is also a voice change's answer.)
+const TURN_REFUSALS = new Set([
+  "text_too_long",
+  "message_too_large",
+  "turn_queue_full",
+  "duplicate_turn_id",
+  "quota_exceeded",
+  "unknown_voice",
+]);
 const LIVE = new Set(["sent", "queued", "started", "playing"]);
 const FINAL = new Set(["done", "cancelled", "failed", "ended"]);
 const MAX_EVENTS = 300;
@@ -125,7 +138,9 @@ const page = {
   timers: { retry: null, session: null, hint: null },
   lastClose: null,
   voices: [],
-  voice: null,
+  roles: [],
+  voice: null, // the session's voice (or role), as the server last confirmed it
+  voiceAsked: null, // a voice change sent and not answered yet
   mic: false,
   micWanted: false, // stays on across a reconnect
   micBusy: false,
@@ -140,7 +155,7 @@ const page = {
   nextTurn: 0,
   captionTurn: null,
   events: [], // recent event types, oldest first (audio.levels only counted)
-  sent: [], // recent messages sent: {type, t (performance.now())}
+  sent: [], // recent messages sent: {type, turn_id, text, t (performance.now())}
   levelEvents: 0,
   syncEvents: 0,
   barge: [],
@@ -155,7 +170,7 @@ const page = {
   micLevel: 0,
   bufferedMs: null,
   playing: null,
-  streamTimer: null,
+  stream: null, // the reply streaming in pieces: {id, pieces, next, timer}
 };
 
 // -- connection ---------------------------------------------------------------------------
@@ -236,7 +251,8 @@ async function connect(kind, allowFallback) {
   // every control message the page sends, also those the transport sends itself
   const rawSend = t.send.bind(t);
   t.send = (message) => {
-    page.sent.push({ type: message.type, t: performance.now() });
+    const { type, turn_id, text } = message;
+    page.sent.push({ type, turn_id, text, t: performance.now() });
     if (page.sent.length > MAX_EVENTS) page.sent.splice(0, page.sent.length - MAX_EVENTS);
     try {
       rawSend(message);
@@ -268,11 +284,6 @@ async function connect(kind, allowFallback) {
     // A server that went away between answering the offer and the audio path opening
     // looks like a blocked path: only give WebRTC up while the server is there.
     if (err.kind === "path" && !(await reachable())) err.kind = "unreachable";
-    // A browser does not say why a WebSocket did not open. If the server answers HTTP,
-    // it turned this page down (an expired token in the link is the usual reason).
-    if (err.kind === "unreachable" && kind === "ws" && (await reachable())) {
-      err.kind = new URLSearchParams(location.search).get("token") ? "denied" : "refused";
-    }
     if (gen !== page.generation) return;
     if (kind === "webrtc" && allowFallback && (err.kind === "path" || err.kind === "unsupported")) {
       page.fallback = err.message;
@@ -439,6 +450,7 @@ function onEvent(e) {
       onSessionCreated(e);
       break;
     case "session.updated":
+      page.voiceAsked = null;
       page.voice = e.settings.voice;
       ui.voice.value = page.voice;
       break;
@@ -519,10 +531,12 @@ function onSessionCreated(e) {
   clearTimeout(page.timers.session);
   page.session = e;
   page.voices = Array.isArray(e.voices) ? e.voices : [];
-  ui.voice.replaceChildren(...page.voices.map((v) => new Option(v, v)));
-  const wanted = page.voice;
+  page.roles = Array.isArray(e.roles) ? e.roles : [];
+  listVoices();
+  const wanted = page.voiceAsked ?? page.voice;
+  page.voiceAsked = null;
   page.voice = e.settings?.voice ?? page.voices[0] ?? null;
-  if (wanted && wanted !== page.voice && page.voices.includes(wanted)) {
+  if (wanted && wanted !== page.voice && [...page.voices, ...page.roles].includes(wanted)) {
     page.voice = wanted; // keep the voice picked before a reconnect
     page.transport.send({ type: "session.update", voice: wanted });
   }
@@ -550,6 +564,30 @@ function onSessionCreated(e) {
   if (page.micWanted) toggleMic(true);
 }
 
+/** The voice picker: the server's voices, and its roles (a voice with defaults) apart. */
+function listVoices() {
+  const options = (names) => names.map((v) => new Option(v, v));
+  if (!page.roles.length) {
+    ui.voice.replaceChildren(...options(page.voices));
+    return;
+  }
+  const group = (label, names) => {
+    const g = document.createElement("optgroup");
+    g.label = label;
+    g.append(...options(names));
+    return g;
+  };
+  ui.voice.replaceChildren(group("Voices", page.voices), group("Roles", page.roles));
+}
+
+/** The reply an error without a turn_id turned down, if it turned one down. */
+function refusedReply(code) {
+  if (!TURN_REFUSALS.has(code)) return null;
+  if (code === "unknown_voice" && page.voiceAsked !== null) return null; // the voice change's
+  const waiting = [...page.turns.values()].filter((r) => r.status === "sent" && r.generation === page.generation);
+  return waiting.length ? waiting.reduce((a, b) => (a.seq < b.seq ? a : b)) : null;
+}
+
 function onServerError(e) {
   if (!page.session && REFUSAL_CODES.has(e.code)) {
     // a refused connection: the close that follows says it in the connection's message
@@ -559,15 +597,18 @@ function onServerError(e) {
   }
   const plain = ERROR_TEXT[e.code] || "The server reported an error.";
   addError(plain, e.message, e.code);
-  if (e.turn_id) {
-    const rec = page.turns.get(e.turn_id);
-    if (rec) {
-      rec.status = "failed";
-      rec.error = plain;
-      rec.endedAt = performance.now();
-      if (rec.turn !== null) silence([rec.turn]);
-      renderTurn(rec);
-    }
+  const rec = e.turn_id ? page.turns.get(e.turn_id) : refusedReply(e.code);
+  if (e.code === "unknown_voice" && page.voiceAsked !== null) {
+    page.voiceAsked = null; // the voice stays what the server last confirmed
+    ui.voice.value = page.voice;
+  }
+  if (rec) {
+    rec.status = "failed";
+    rec.error = plain;
+    rec.endedAt = performance.now();
+    if (rec.turn !== null) silence([rec.turn]);
+    renderTurn(rec);
+    renderControls();
   }
 }
 
@@ -680,13 +721,25 @@ function estimateTtfa(rec) {
 // -- actions ------------------------------------------------------------------------------
 
 function llmPieces(text) {
-  // token-sized pieces, spaces kept in front, like an LLM's stream
-  return text.match(/\s*\S{1,5}/g) || [];
+  // token-sized pieces, spaces kept in front, like an LLM's stream; by code point, so a
+  // piece never ends in half a character (the server refuses a lone surrogate)
+  return text.match(/\s*\S{1,5}/gu) || [];
 }
 
 function stopStreaming() {
-  if (page.streamTimer !== null) clearInterval(page.streamTimer);
-  page.streamTimer = null;
+  if (page.stream !== null) clearInterval(page.stream.timer);
+  page.stream = null;
+}
+
+/** Send the rest of the reply still streaming, and end it: a new reply must not cut it
+ *  short (Stop, or a lost connection, drops the rest instead). */
+function finishStreaming() {
+  const s = page.stream;
+  if (s === null) return;
+  stopStreaming();
+  const rest = s.pieces.slice(s.next).join("");
+  if (rest) page.transport.send({ type: "text.delta", turn_id: s.id, text: rest });
+  page.transport.send({ type: "text.end", turn_id: s.id });
 }
 
 function notReady() {
@@ -710,7 +763,7 @@ async function speak() {
     return;
   }
   await t.resume();
-  stopStreaming();
+  finishStreaming();
   page.nextTurn += 1;
   const id = `r${page.nextTurn}`;
   const rec = turnRecord(id);
@@ -725,18 +778,18 @@ async function speak() {
     t.send({ type: "speak", turn_id: id, text });
     return;
   }
-  const pieces = llmPieces(text);
-  let i = 0;
+  const stream = { id, pieces: llmPieces(text), next: 0, timer: null };
   const step = () => {
-    if (i < pieces.length) {
-      t.send({ type: "text.delta", turn_id: id, text: pieces[i++] });
+    if (stream.next < stream.pieces.length) {
+      t.send({ type: "text.delta", turn_id: id, text: stream.pieces[stream.next++] });
     } else {
       t.send({ type: "text.end", turn_id: id });
       stopStreaming();
     }
   };
+  page.stream = stream;
   step();
-  page.streamTimer = setInterval(step, LLM_DELTA_MS);
+  stream.timer = setInterval(step, LLM_DELTA_MS);
 }
 
 /** Stop: every live turn, whatever the transport. The page marks them stopped at once,
@@ -744,7 +797,7 @@ async function speak() {
  *  server's turn.cancelled confirms it. */
 function cancelAll() {
   const t = page.transport;
-  const streaming = page.streamTimer !== null;
+  const streaming = page.stream !== null;
   stopStreaming();
   const now = performance.now();
   const live = stoppable(now);
@@ -969,7 +1022,7 @@ function tick(now) {
 
 function publicTurn(rec) {
   if (!rec) return null;
-  const { turn_id, turn, voice, status, text, ttfa_ms, ttfa_from, ttfaEstimated, reason, played_ms, played_source, sent_ms } =
+  const { turn_id, turn, voice, status, text, ttfa_ms, ttfa_from, ttfaEstimated, reason, played_ms, played_source, sent_ms, error } =
     rec;
   return {
     turn_id,
@@ -984,6 +1037,7 @@ function publicTurn(rec) {
     played_ms,
     played_source,
     sent_ms,
+    error: error ?? null,
   };
 }
 
@@ -1021,6 +1075,7 @@ window.voiceagentDemo = Object.freeze({
         botState: page.botState,
         caption: captions.snapshot(),
         voices: page.voices,
+        roles: page.roles,
         voice: page.voice,
         mic: page.mic,
         micWanted: page.micWanted,
@@ -1080,8 +1135,12 @@ ui.cancel.addEventListener("click", () => {
 });
 ui.mic.addEventListener("click", () => toggleMic());
 ui.voice.addEventListener("change", () => {
-  page.voice = ui.voice.value;
-  if (ready()) page.transport.send({ type: "session.update", voice: page.voice });
+  if (!ready()) {
+    page.voice = ui.voice.value; // asked for when the session starts
+    return;
+  }
+  page.voiceAsked = ui.voice.value; // page.voice follows when session.updated confirms it
+  page.transport.send({ type: "session.update", voice: page.voiceAsked });
 });
 ui.bargeMode.addEventListener("change", () => {
   // only while the microphone is on: with it off, barge-in is off

@@ -69,6 +69,7 @@ export class RtcTransport {
     this.name = "WebRTC";
     this.hooks = hooks;
     this.audio = audioElement;
+    this.audio.muted = false; // the element outlives transports: the last may have closed muted
     this.pc = null;
     this.channel = null;
     this.transceiver = null;

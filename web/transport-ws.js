@@ -46,6 +46,19 @@ export function wsUnsupported() {
   return null;
 }
 
+/** Why a WebSocket handshake failed, which the browser does not say: the same URL asked
+ *  over plain HTTP answers 401 or 403 where the credential is the reason (any other answer
+ *  means the server is there and turned the socket down: a limit, a restart). */
+async function handshakeRefusal(path) {
+  try {
+    const r = await fetch(path, { cache: "no-store", signal: AbortSignal.timeout(3000) });
+    if (r.status === 401 || r.status === 403) return new ConnectError("denied", `the server answered ${r.status}`);
+    return new ConnectError("refused", "the server turned the WebSocket down");
+  } catch {
+    return new ConnectError("unreachable", "the WebSocket could not open");
+  }
+}
+
 export class WsTransport {
   /** hooks: onEvent(event), onLost({code, reason}) (once, when an open connection ends),
    *  onAnchor(turn, offsetMs, atMs, holdMs), onBuffered(ms), onError(text) */
@@ -75,6 +88,7 @@ export class WsTransport {
     if (why) throw new ConnectError("unsupported", why);
     const ctx = (this.ctx = new AudioContext({ sampleRate: RATE, latencyHint: "interactive" }));
     await ctx.audioWorklet.addModule(new URL("./player-worklet.js", import.meta.url));
+    if (this.closed) throw new ConnectError("unreachable", "closed while connecting");
     this.player = new AudioWorkletNode(ctx, "voiceagent-player", {
       numberOfInputs: 0,
       numberOfOutputs: 1,
@@ -103,8 +117,7 @@ export class WsTransport {
       };
       ws.onerror = () => {
         clearTimeout(timer);
-        // the browser does not say why (refused, unreachable, HTTP 401...)
-        reject(new ConnectError("unreachable", "the WebSocket could not open"));
+        handshakeRefusal(`/v1/ws${query}`).then(reject);
       };
     });
     ws.onerror = null;
