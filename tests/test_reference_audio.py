@@ -11,6 +11,7 @@ import av
 import numpy as np
 import pytest
 
+from voiceagent.audio.decode import decode_audio
 from voiceagent.voices.reference import (
     CLIP_FRACTION,
     MARGIN_S,
@@ -98,6 +99,20 @@ def test_any_rate_and_channel_count_becomes_24k_mono():
     ref = prepare_reference(wav(stereo, rate, channels=2))
     assert ref.source_rate == rate and ref.pcm.ndim == 1
     assert len(ref.pcm) == pytest.approx(3.0 * RATE, abs=0.1 * RATE)
+
+
+@pytest.mark.parametrize("channels", [8, 16])
+def test_surround_audio_is_averaged_to_mono(channels):
+    # What was seen: a 7.1 WAV (8 channels) sent to POST /v1/voices crashed the whole
+    # server (PyAV's planar float arrays segfault from 8 channels up).
+    rate = 48000
+    x = vowels(2.0, rate)
+    gains = np.linspace(0.2, 1.0, channels)
+    interleaved = (x[:, None] * gains[None, :]).reshape(-1)
+    pcm, source_rate = decode_audio(wav(interleaved, rate, channels=channels))
+    assert source_rate == rate and pcm.shape == x.shape
+    assert np.abs(pcm - x * gains.mean()).max() < 1e-3 * channels  # 16-bit steps, averaged
+    assert prepare_reference(wav(interleaved, rate, channels=channels)).pcm.ndim == 1
 
 
 def test_short_clips_under_a_second_are_refused_longer_ones_warned():

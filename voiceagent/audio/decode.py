@@ -43,12 +43,14 @@ def decode_audio(source: AudioSource, max_seconds: float | None = None) -> tuple
             if not c.streams.audio:
                 raise ValueError(f"cannot read audio {name}: it has no audio stream")
             stream = c.streams.audio[0]
-            # Planar float keeps every channel apart ([channels, n]) whatever the codec's format.
-            to_float = av.AudioResampler(format="fltp")
+            # Packed float, whatever the codec's format: interleaved channels in one plane.
+            # (Not planar: PyAV's arrays of planar audio crash from 8 channels up.)
+            to_float = av.AudioResampler(format="flt")
             for frame in chain(c.decode(stream), [None]):  # None flushes the converter
                 for f in to_float.resample(frame):
                     rate = f.sample_rate
-                    pcm = f.to_ndarray().astype(np.float32).mean(axis=0)
+                    channels = f.layout.nb_channels
+                    pcm = f.to_ndarray().reshape(-1, channels).mean(axis=1, dtype=np.float32)
                     chunks.append(pcm)
                     total += pcm.size
                 if max_seconds is not None and rate and total > max_seconds * rate:
