@@ -151,11 +151,15 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict:
 # -- making, listing, using -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("via", ["json", pytest.param("multipart", marks=needs_multipart)])
+@pytest.mark.parametrize(
+    "via", ["json", "json-mime-base64", pytest.param("multipart", marks=needs_multipart)]
+)
 def test_a_voice_from_real_phone_speech_is_made_listed_and_speaks(voice_server, phone, via):
     audio = wav_bytes(pcm_of(phone), PHONE)
-    if via == "json":
-        r = create(voice_server, audio=audio, name="caller", transcript=phone.text, language="en")
+    if via.startswith("json"):
+        # MIME base64 (`base64` on the command line, Python's encodebytes) breaks its lines
+        sent = base64.encodebytes(audio).decode() if via == "json-mime-base64" else audio
+        r = create(voice_server, audio=sent, name="caller", transcript=phone.text, language="en")
     else:
         r = create_form(
             voice_server, audio, "caller.wav", name="caller", transcript=phone.text or "",
@@ -504,6 +508,36 @@ WAV = {"Content-Type": "audio/wav"}
 def test_malformed_requests_are_refused(refusing_server, kwargs, status, code):
     r = httpx.post(f"{refusing_server.http}/v1/voices", timeout=30, **kwargs)
     assert_error(r, status, code)
+
+
+def multipart(*parts: tuple[str, str | None, bytes]) -> bytes:
+    """A multipart/form-data body with boundary B: (name, filename or None, content)."""
+    out = b""
+    for name, filename, content in parts:
+        disposition = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        out += f"--B\r\nContent-Disposition: {disposition}\r\n\r\n".encode() + content + b"\r\n"
+    return out + b"--B--\r\n"
+
+
+BOUNDARY = "multipart/form-data; boundary=B"
+
+
+@needs_multipart
+@pytest.mark.parametrize(
+    ("body", "content_type"),
+    [
+        (multipart(("file", "a.wav", b"RIFF")), "multipart/form-data"),  # no boundary
+        (multipart(("file", "a.wav", b"RIFF"), ("file", "b.wav", b"RIFF")), BOUNDARY),
+        (multipart(("file", "a.wav", b"RIFF"), ("transcript", None, b"x" * 70000)), BOUNDARY),
+    ],
+    ids=["no-boundary", "two-files", "huge-field"],
+)  # fmt: skip
+def test_malformed_multipart_bodies_are_refused(refusing_server, body, content_type):
+    # what was seen: 500 internal_error, and a traceback in the log
+    r = httpx.post(
+        f"{refusing_server.http}/v1/voices", content=body, headers={"Content-Type": content_type}
+    )
+    assert_error(r, 400, "invalid_message")
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -155,8 +156,8 @@ def _base64_audio(audio: Any) -> bytes:
         raise VoiceError(ErrorCode.INVALID_PARAMETER, "'audio' must be base64 audio")
     if audio.startswith("data:") and "," in audio:  # a data: URL, as a browser makes it
         audio = audio.split(",", 1)[1]
-    try:
-        return base64.b64decode(audio, validate=True)
+    try:  # line breaks allowed: MIME base64 (the `base64` command's) wraps at 76
+        return base64.b64decode("".join(audio.split()), validate=True)
     except (binascii.Error, ValueError):
         raise VoiceError(ErrorCode.INVALID_PARAMETER, "'audio' is not valid base64") from None
 
@@ -194,8 +195,9 @@ async def _from_form(
         form = await Request(request.scope, replay).form(
             max_files=1, max_fields=16, max_part_size=MAX_FIELD_BYTES
         )
-    except MultiPartException as exc:
-        raise VoiceError(ErrorCode.INVALID_MESSAGE, f"malformed multipart body: {exc}") from None
+    except (MultiPartException, HTTPException) as exc:  # Starlette raises the latter in an app
+        why = exc.detail if isinstance(exc, HTTPException) else exc.message
+        raise VoiceError(ErrorCode.INVALID_MESSAGE, f"malformed multipart body: {why}") from None
     try:
         upload = form.get(file_part)
         audio = await upload.read() if isinstance(upload, UploadFile) else None
