@@ -149,6 +149,27 @@ def test_tts_refuses_bad_requests_with_a_code(server, body, status, code):
     assert ok.status_code == 200 and ok.content[:4] == b"RIFF"
 
 
+def test_tts_with_reference_audio_is_admitted_before_its_voice_is_made(
+    make_server, clone_dir, tmp_path, phone
+):
+    # What was seen: a full server (or a tenant over its turns per minute) still decoded
+    # the upload and made the voice first: garbage audio got 422, real audio cost a clone
+    # and was refused only after it.
+    full = make_server(
+        fresh_model(clone_dir), voices_dir=tmp_path / "v1", playout=FAST, max_live_turns=0
+    )
+    for audio in (b"not audio", wav_bytes(pcm_of(phone), 8000)):
+        body = {"text": TEXT, "audio": base64.b64encode(audio).decode()}
+        r = httpx.post(f"{full.http}/v1/tts", json=body, timeout=60)
+        assert (r.status_code, r.json()["code"]) == (503, "server_busy"), r.text
+    # a reference that cannot be used gives back the live-turn slot it was admitted with
+    server = make_server(fresh_model(clone_dir), voices_dir=tmp_path / "v2", playout=FAST)
+    body = {"text": TEXT, "audio": base64.b64encode(b"not audio").decode()}
+    r = httpx.post(f"{server.http}/v1/tts", json=body, timeout=60)
+    assert (r.status_code, r.json()["code"]) == (422, "audio_unreadable")
+    assert server.voice_server.admission.live_turns == 0
+
+
 def test_a_tenants_voice_is_unknown_to_another_tenant_in_every_api(
     make_server,
     clone_dir,

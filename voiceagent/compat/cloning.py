@@ -21,8 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..audio.containers import FORMATS, make_stream_encoder
-from ..auth.gate import principal_of
-from ..model.contract import Voice
+from ..auth.gate import Principal, principal_of
 from ..model.sampling import SamplingParams
 from ..model.voice_store import NAME
 from ..protocol.errors import ErrorCode
@@ -127,12 +126,6 @@ class Cloning:
         principal = principal_of(request)
         audio, fields = await read_audio_request(request)
         req = TtsRequest(fields, audio is not None)
-        one_off: Voice | None = None
-        if audio is not None:
-            if principal.kind == "token":  # a browser's token may be bound to one voice
-                raise ApiError(ErrorCode.FORBIDDEN, "reference audio needs an API key", 403)
-            _check_size(audio)
-            one_off = await self.registry.one_off(audio, req.transcript, req.language)
         options = SpeechOptions(
             req.voice or "",
             req.language,
@@ -140,10 +133,13 @@ class Cloning:
             SamplingParams(seed=req.seed),
             given=frozenset(fields),
         )
-        utterance = Utterance(self.host, principal, options, "tts", voice=one_off)
-        if one_off is not None:  # its cached flow state goes when the utterance does
-            name = one_off.name
-            utterance.on_close.append(lambda: self.host.engine.acoustic.forget_voice(name))
+        if audio is None:
+            utterance = Utterance(self.host, principal, options, "tts")
+        else:
+            if principal.kind == "token":  # a browser's token may be bound to one voice
+                raise ApiError(ErrorCode.FORBIDDEN, "reference audio needs an API key", 403)
+            _check_size(audio)
+            utterance = await self._with_one_off(principal, options, audio, req)
         try:
             utterance.push(req.text)
             utterance.end()
@@ -154,6 +150,25 @@ class Cloning:
         if req.stream:
             return await streamed(utterance, encoder, encoder.content_type, _refusal)
         return await _whole(request, utterance, encoder, encoder.content_type)
+
+    async def _with_one_off(
+        self, principal: Principal, options: SpeechOptions, audio: bytes, req: TtsRequest
+    ) -> Utterance:
+        """The request's utterance in a voice made from its reference audio. Admitted
+        first (a live-turn slot, the tenant's turn quota): a request that would be refused
+        costs no decoding and no voice."""
+        admission = self.host.admission
+        if (refusal := admission.admit_request(principal.tenant)) is not None:
+            raise ApiError(refusal.code, refusal.message)
+        try:
+            voice = await self.registry.one_off(principal, audio, req.transcript, req.language)
+            utterance = Utterance(self.host, principal, options, "tts", voice=voice, slot=False)
+        except BaseException:
+            admission.turn_ended()
+            raise
+        forget = self.host.engine.acoustic.forget_voice  # its cached flow state goes with it
+        utterance.on_close += [admission.turn_ended, lambda: forget(voice.name)]
+        return utterance
 
     async def openai_voice(self, request: Request) -> Response:
         """OpenAI's `POST /v1/audio/voices` (multipart: `audio_sample`, `name`, `consent`):

@@ -222,9 +222,8 @@ class VoiceRegistry:
             )
         self._check_quota(tenant)
         self._creating.add(path)
-        lock = self._tenant_turn.setdefault(tenant, asyncio.Lock())
         try:
-            async with lock, self._slots:
+            async with self._tenant_lock(tenant), self._slots:
                 ref = await asyncio.to_thread(prepare_reference, audio)
                 info = await asyncio.to_thread(
                     self._make, path, voice_id, ref, transcript, language
@@ -308,18 +307,23 @@ class VoiceRegistry:
         model.check_voice(voice)
         return voice
 
-    async def one_off(self, audio: bytes, transcript: str | None, language: str) -> Voice:
+    async def one_off(
+        self, principal: Principal, audio: bytes, transcript: str | None, language: str
+    ) -> Voice:
         """A voice for one request (`POST /v1/tts` with inline reference audio): made as
-        `create` makes one, never saved or listed; its name is unique. Raises VoiceError
-        or ReferenceAudioError."""
+        `create` makes one, in the tenant's turn as its creations are, never saved or
+        listed; its name is unique. Raises VoiceError or ReferenceAudioError."""
         transcript = (transcript or "").strip() or None
         check_fields(None, transcript, language)
         self._check_can_clone()
-        async with self._slots:
+        async with self._tenant_lock(principal.tenant), self._slots:
             ref = await asyncio.to_thread(prepare_reference, audio)
             return await asyncio.to_thread(
                 self._voice, f"one-off-{secrets.token_hex(8)}", ref, transcript, language
             )
+
+    def _tenant_lock(self, tenant: str) -> asyncio.Lock:
+        return self._tenant_turn.setdefault(tenant, asyncio.Lock())
 
     def _check_can_clone(self) -> None:
         model = self.host.model
