@@ -231,13 +231,14 @@ class VoiceServer:
     def rescan_voices(self) -> None:
         """Pick up voices added (or replaced) in `voices_dir` since the last look, and
         forget those whose file was deleted; reread the roles file if it changed."""
-        self._reread_roles()
+        changed = self._reread_roles()
         for path in [p for p in self._voice_files if not p.exists()]:
             del self._voice_files[path]
             key = self._voice_key(path)
             if self.engine.model.voices.pop(key, None) is not None:
                 self.engine.acoustic.forget_voice(key)  # and its cached flow state
                 log.info("voice '%s' removed (%s was deleted)", key, path)
+                changed = True
         for path in self._changed_voice_files():
             self._voice_files[path] = path.stat().st_mtime
             try:
@@ -250,30 +251,36 @@ class VoiceServer:
             # the engine caches per voice name: a tenant's voice is named by its key
             self.engine.model.voices[key] = dataclasses.replace(voice, name=key)
             log.info("voice '%s' loaded from %s", key, path)
+            changed = True
+        if not changed:  # every 2 s: with thousands of tenants' catalogs, only if needed
+            return
         self.catalog.voices = tuple(v for v in self.engine.model.voices if "/" not in v)
         self.catalog.roles = self._roles_of(self.catalog.voices)
         if not self.catalog.default_voice and self.catalog.voices:
             self.catalog.default_voice = self.catalog.voices[0]
+        owned = self._voices_by_tenant()
         for (tenant, scope), catalog in self._catalogs.items():
-            self._fill(catalog, tenant, scope)
+            self._fill(catalog, owned.get(tenant, {}), scope)
 
-    def _reread_roles(self) -> None:
+    def _reread_roles(self) -> bool:
+        """Whether the roles changed."""
         path = self.config.roles_file
         if path is None:
-            return
+            return False
         try:
             seen = path.stat().st_mtime
         except OSError:
             seen = None  # missing: said once, until it is back
         if seen == self._roles_seen:
-            return
+            return False
         self._roles_seen = seen
         try:
             self.roles = parse_roles(path.read_text(encoding="utf-8"), str(path))
         except (OSError, ValueError) as exc:
             log.warning("roles not (re)loaded, keeping %d: %s", len(self.roles), exc)
-            return
+            return False
         log.info("roles loaded from %s: %s", path, ", ".join(self.roles) or "none")
+        return True
 
     def _roles_of(self, voices: tuple[str, ...]) -> dict[str, Role]:
         """The roles whose voice is among `voices` (a role never shadows a voice)."""
@@ -297,12 +304,22 @@ class VoiceServer:
             catalog = Catalog(
                 (), self.catalog.model, "", tenant=tenant, sampling=self.catalog.sampling
             )
-            self._catalogs[(tenant, scope)] = self._fill(catalog, tenant, scope)
+            own = self._voices_by_tenant([tenant]).get(tenant, {})
+            self._catalogs[(tenant, scope)] = self._fill(catalog, own, scope)
         return catalog
 
-    def _fill(self, catalog: Catalog, tenant: str, scope: str | None) -> Catalog:
-        prefix = f"{tenant}/"
-        own = {k.removeprefix(prefix): k for k in self.engine.model.voices if k.startswith(prefix)}
+    def _voices_by_tenant(self, tenants: list[str] | None = None) -> dict[str, dict[str, str]]:
+        """Tenant -> its own voices' names -> their keys ("acme" -> {"anna": "acme/anna"}),
+        for all tenants or those named."""
+        owned: dict[str, dict[str, str]] = {}
+        for key in self.engine.model.voices:
+            tenant, slash, name = key.partition("/")
+            if slash and (tenants is None or tenant in tenants):
+                owned.setdefault(tenant, {})[name] = key
+        return owned
+
+    def _fill(self, catalog: Catalog, own: dict[str, str], scope: str | None) -> Catalog:
+        """`catalog` set to the shared voices and `own` (a tenant's, by name: their keys)."""
         names = [*(v for v in self.catalog.voices if v not in own), *own]
         if scope is not None:
             names = [v for v in names if v == scope]
