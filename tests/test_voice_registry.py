@@ -32,8 +32,9 @@ from voiceagent.auth.gate import AuthConfig
 from voiceagent.bench import phone_speech
 from voiceagent.bench.clients import Client, TurnResult, connect
 from voiceagent.model import checkpoint
+from voiceagent.model.contract import Voice
 from voiceagent.model.speech_model import SpeechModel
-from voiceagent.model.voice_store import load_voice, read_voice_file
+from voiceagent.model.voice_store import load_voice, read_voice_file, save_voice
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
 from voiceagent.server.voices_api import HAS_MULTIPART
@@ -231,6 +232,25 @@ def test_a_name_is_taken_once_per_tenant(voice_server, phone):
 
     statuses = sorted(r.status_code for r in run(both()))
     assert statuses == [201, 409]
+
+
+def test_a_name_is_taken_once_across_servers_sharing_the_voices_folder(
+    voice_server, phone, monkeypatch
+):
+    # What was seen: two servers on one shared volume (operations.md's several pods) each
+    # answered 201 for the same name at once; one caller's voice was silently replaced.
+    folder = voice_server.voice_server.config.voices_dir / "default"
+    real = registry_module.prepare_reference
+
+    def meanwhile(audio: bytes) -> Any:  # another server saves "taken" while this one works
+        save_voice(folder, Voice("taken", (1,), (2, 3), torch.zeros(192)), "the other server's")
+        return real(audio)
+
+    monkeypatch.setattr(registry_module, "prepare_reference", meanwhile)
+    audio = wav_bytes(pcm_of(phone), PHONE)
+    assert_error(create(voice_server, audio=audio, name="taken"), 409, "voice_exists")
+    assert read_voice_file(folder / "taken.pt")[1] == "the other server's"  # kept, not replaced
+    assert [p.name for p in folder.iterdir()] == ["taken.pt"]  # no temporary file left
 
 
 def test_a_shared_name_may_be_shadowed_by_the_tenant(voice_server, phone):

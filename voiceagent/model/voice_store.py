@@ -16,6 +16,7 @@ import io
 import logging
 import os
 import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,16 @@ def check_name(name: str) -> None:
 
 
 def save_voice(
-    directory: Path, voice: Voice, prompt_text: str, meta: Mapping[str, Any] | None = None
+    directory: Path,
+    voice: Voice,
+    prompt_text: str,
+    meta: Mapping[str, Any] | None = None,
+    replace: bool = True,
 ) -> Path:
     """Write `directory/NAME.pt` atomically. `meta`: plain values (str, int, float, bool,
-    None, lists and dicts of them), read back by `read_voice_file`."""
+    None, lists and dicts of them), read back by `read_voice_file`. `replace=False`:
+    raise FileExistsError rather than replace a file of that name, also one another
+    process (a server sharing the folder) wrote meanwhile."""
     check_name(voice.name)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{voice.name}.pt"
@@ -58,17 +65,34 @@ def save_voice(
     # (ENOSPC) that names the problem, and the half-written file is removed.
     buffer = io.BytesIO()
     torch.save(data, buffer)
-    tmp = path.with_suffix(".tmp")
+    # a name of its own (another process may be saving this voice) that no glob for
+    # voices (*.pt) matches
+    tmp = directory / f".{voice.name}.{secrets.token_hex(6)}.tmp"
     try:
         with tmp.open("wb") as f:
             f.write(buffer.getvalue())
             f.flush()
             os.fsync(f.fileno())
-        tmp.replace(path)  # readers never see a half-written file
-    except BaseException:
+        # readers never see a half-written file; a link, unlike a rename, fails where the
+        # name exists (atomically, on NFS too)
+        if replace:
+            tmp.replace(path)
+        else:
+            _claim(tmp, path)
+    finally:
         tmp.unlink(missing_ok=True)
-        raise
     return path
+
+
+def _claim(tmp: Path, path: Path) -> None:
+    """`tmp` becomes `path` unless that exists (FileExistsError)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links: claim the name, then fill it
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        tmp.replace(path)
 
 
 def read_voice_file(path: Path) -> tuple[Voice, str, dict[str, Any]]:

@@ -279,7 +279,9 @@ class VoiceRegistry:
             "warnings": warnings,
         }
         try:
-            save_voice(path.parent, voice, transcript or "", meta)
+            save_voice(path.parent, voice, transcript or "", meta, replace=False)
+        except FileExistsError:  # made meanwhile by another server sharing the folder
+            raise VoiceError(ErrorCode.VOICE_EXISTS, f"voice {voice_id!r} already exists") from None
         except OSError as exc:  # a read-only or full volume: the operator's to fix
             log.error("voice %s not saved: %s", path, exc)
             raise VoiceError(
