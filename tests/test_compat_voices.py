@@ -149,6 +149,28 @@ def test_tts_refuses_bad_requests_with_a_code(server, body, status, code):
     assert ok.status_code == 200 and ok.content[:4] == b"RIFF"
 
 
+def test_openai_voice_refusals_come_in_openai_s_error_shape(server, phone):
+    # What was seen: a 401 came in OpenAI's shape ({"error": {...}}), a 409 or 422 in
+    # voiceagent's ({"type": "error", ...}).
+    run(make_voice(server, phone, "taken"))
+
+    def post(audio: bytes, name: str) -> httpx.Response:
+        return httpx.post(
+            f"{server.http}/v1/audio/voices",
+            files={"audio_sample": ("a.wav", audio, "audio/wav")},
+            data={"name": name, "consent": "consent-on-file"},
+            timeout=60,
+        )
+
+    for r, status, code in [
+        (post(wav_bytes(pcm_of(phone), 8000), "taken"), 409, "voice_exists"),
+        (post(b"not audio", "other"), 422, "audio_unreadable"),
+    ]:
+        assert r.status_code == status, r.text
+        error = r.json()["error"]
+        assert error["code"] == code and error["message"] and error["type"], error
+
+
 def test_tts_with_reference_audio_is_admitted_before_its_voice_is_made(
     make_server, clone_dir, tmp_path, phone
 ):

@@ -30,6 +30,7 @@ from ..server.voices_api import answering, read_audio_request
 from ..session.port import SessionHost
 from ..voices.reference import MAX_UPLOAD_BYTES
 from ..voices.registry import VoiceError, VoiceRegistry
+from .openai import openai_error
 from .utterance import (
     ApiError,
     Encoder,
@@ -119,7 +120,7 @@ class Cloning:
     def routes(self) -> list[BaseRoute]:
         return [
             Route("/v1/tts", answering(self.tts), methods=["POST"]),
-            Route("/v1/audio/voices", answering(self.openai_voice), methods=["POST"]),
+            Route("/v1/audio/voices", answering(self.openai_voice, openai_error), methods=["POST"]),
         ]
 
     async def tts(self, request: Request) -> Response:

@@ -270,22 +270,29 @@ def _may_manage(principal: Principal) -> None:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def answering(handler: Handler) -> Handler:
-    """Coded refusals as JSON errors; anything else logged and a 500."""
+def answering(handler: Handler, shape: Callable[[ApiError], Response] | None = None) -> Handler:
+    """Coded refusals as JSON errors (in a drop-in API's own `shape` where given);
+    anything else logged and a 500."""
+
+    def refuse(exc: ApiError) -> Response:
+        if shape is not None:
+            return shape(exc)
+        headers = {"Retry-After": "2"} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     async def answer(request: Request) -> Response:
         try:
             return await handler(request)
         except (VoiceError, ReferenceAudioError) as exc:
-            return error(exc.code, exc.message)
+            return refuse(ApiError(exc.code, exc.message, STATUS[exc.code]))
         except ApiError as exc:  # the drop-in APIs' refusals (compat/cloning.py)
-            headers = {"Retry-After": "2"} if exc.status in (429, 503) else None
-            return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+            return refuse(exc)
         except ClientDisconnect:
             raise  # the server's (app.py): no error of ours
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
-            return error(ErrorCode.INTERNAL_ERROR, "the request failed unexpectedly (logged)")
+            message = "the request failed unexpectedly (logged)"
+            return refuse(ApiError(ErrorCode.INTERNAL_ERROR, message, 500))
 
     return answer
 
