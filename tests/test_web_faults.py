@@ -2,19 +2,23 @@
 Chromium against a real server: a refused reply is marked as not spoken (not left
 "Sending…"), a refused voice does not stay selected, a new reply does not cut off the
 one still streaming, streamed pieces keep characters whole, a WebRTC page heard muted
-after a Stop is heard again on its next connection, roles can be picked, and a page
-without the token it needs says so instead of retrying for ever."""
+after a Stop is heard again on its next connection, roles and voices added meanwhile can
+be picked, and a page without the token it needs says so instead of retrying for ever."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_roles import roles_file
+from test_voice_store import a_voice
 from web_browser import Demo, chromium_path, open_demo, open_settings, speak, wait_turn
 
 from voiceagent.auth.gate import AuthConfig
+from voiceagent.model import checkpoint
+from voiceagent.model.voice_store import save_voice
 
 pytestmark = pytest.mark.skipif(
     chromium_path() is None, reason="chromium is not installed (apt-get install chromium)"
@@ -189,6 +193,31 @@ def test_roles_can_be_picked_beside_the_voices(
         )
         i = speak(d.page, "Hi.")
         assert wait_turn(d.page, i, ("done",))["voice"] == "support"  # turn.started.voice
+        assert not d.page_errors
+    finally:
+        context.close()
+
+
+def test_a_voice_added_while_the_page_is_open_can_be_picked(
+    browser: Any, make_server: Any, tmp_path: Path, tiny_dir: Path
+) -> None:
+    # What was seen: the list was filled once, from session.created; a voice made since
+    # (POST /v1/voices, or a file an operator added) showed only after a reconnect.
+    voices = tmp_path / "voices"
+    server = make_server(checkpoint.load(tiny_dir), voices_dir=voices, voices_rescan_s=0.1)
+    context = browser.new_context()
+    try:
+        d = Demo(context.new_page(), server)
+        open_demo(d.page, server.http, "ws")
+        assert "carol" not in d.state()["voices"]
+        save_voice(voices, a_voice("carol"), "carol speaking")
+        time.sleep(0.5)  # the server's rescan
+        d.page.focus("#voice")  # the picker is about to open
+        d.page.wait_for_function("() => window.voiceagentDemo.state().voices.includes('carol')")
+        d.page.select_option("#voice", "carol")
+        d.page.wait_for_function("() => window.voiceagentDemo.state().voice === 'carol'")
+        i = speak(d.page, "Hi.")
+        assert wait_turn(d.page, i, ("done",))["voice"] == "carol"
         assert not d.page_errors
     finally:
         context.close()

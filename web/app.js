@@ -580,6 +580,27 @@ function listVoices() {
   ui.voice.replaceChildren(group("Voices", page.voices), group("Roles", page.roles));
 }
 
+/** The server's voices now, read when the picker is about to open: a voice made (or
+ *  deleted) since the session started is listed without a reconnect. */
+async function refreshVoices() {
+  if (!ready()) return;
+  const token = new URLSearchParams(location.search).get("token");
+  try {
+    const r = await fetch("/v1/voices", {
+      cache: "no-store",
+      headers: token ? { Authorization: `Bearer ${token}` } : {},
+      signal: AbortSignal.timeout(3000),
+    });
+    const voices = r.ok ? (await r.json()).voices : null;
+    if (!Array.isArray(voices) || voices.join("\n") === page.voices.join("\n")) return;
+    page.voices = voices;
+    listVoices();
+    ui.voice.value = page.voiceAsked ?? page.voice;
+  } catch {
+    // the list stays as it was
+  }
+}
+
 /** The reply an error without a turn_id turned down, if it turned one down. */
 function refusedReply(code) {
   if (!TURN_REFUSALS.has(code)) return null;
@@ -1134,6 +1155,7 @@ ui.cancel.addEventListener("click", () => {
   if (!cancelAll()) announce("Nothing to stop.");
 });
 ui.mic.addEventListener("click", () => toggleMic());
+ui.voice.addEventListener("focus", refreshVoices);
 ui.voice.addEventListener("change", () => {
   if (!ready()) {
     page.voice = ui.voice.value; // asked for when the session starts
