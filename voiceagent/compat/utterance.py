@@ -214,6 +214,7 @@ class Utterance:
         array) and segment timing, in order, until the turn ends. Raises ApiError when
         synthesis fails."""
         out = self.turn.output
+        taken_from = time.monotonic()  # its consumer takes its audio from now on
         while True:
             item: OutputItem | bool = await out.get()
             frames: list[np.ndarray] = []
@@ -223,8 +224,8 @@ class Utterance:
             if frames:
                 if self.first_audio is None:
                     self.first_audio = time.monotonic()
-                    ttfa = self.first_audio - self.turn.stats.created
-                    self.host.engine.metrics.ttfa.labels(self.api).observe(ttfa)
+                    ready = self.turn.stats.could_be_heard(taken_from)
+                    self.host.engine.metrics.ttfa.labels(self.api).observe(self.first_audio - ready)
                 yield np.concatenate(frames)
             if item is False:  # nothing more ready yet
                 continue

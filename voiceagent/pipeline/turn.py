@@ -71,6 +71,7 @@ class TurnSettings:
 @dataclass
 class TurnStats:
     created: float = field(default_factory=time.monotonic)
+    first_text: float | None = None  # when its first text came (a context may wait for it)
     synth_start: float | None = None
     first_audio: float | None = None
     last_audio: float | None = None
@@ -89,6 +90,13 @@ class TurnStats:
     first_chunk: ChunkTimes | None = None
     first_audible: ChunkTimes | None = None
     first_audible_chunk: int = 0  # 1-based
+
+    def could_be_heard(self, taken_from: float) -> float:
+        """When the turn's audio could first be heard: at its first text, or when its
+        consumer began to take its audio (`taken_from`: a queued turn waits for the one
+        before it), whichever is later. The TTFA metric counts from here, so a client's
+        queue or pause is not counted as the server's delay."""
+        return max(taken_from, self.first_text or self.created)
 
     @property
     def ttfa_ms(self) -> float | None:
@@ -181,6 +189,8 @@ class Turn:
             self._starved_at = None
 
     def push_text(self, delta: str) -> None:
+        if delta and self.stats.first_text is None:
+            self.stats.first_text = time.monotonic()
         for seg in self._segmenter.push(delta):
             self._segments.put_nowait(seg)
 

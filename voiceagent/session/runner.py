@@ -401,6 +401,7 @@ class SessionRunner:
         (ducking) applies from the next frame."""
         lead, frame_s = self.playout.lead_ms / 1000, FRAME_MS / 1000
         start: float | None = None  # when the first frame left (TTFA)
+        taken_from = time.monotonic()  # the turn before it is done: this one could play
         clock = 0.0  # when the listener plays frame 0
         seq = 0
         late = False  # the previous frame left after its play time: one underrun per stall
@@ -422,7 +423,8 @@ class SessionRunner:
                 now = time.monotonic()
                 if start is None:
                     start = now
-                    self.metrics.ttfa.labels(self.transport.name).observe(now - turn.stats.created)
+                    ready = turn.stats.could_be_heard(taken_from)
+                    self.metrics.ttfa.labels(self.transport.name).observe(now - ready)
                     clock = max(now, self._listener_until)
                 # Pace on an absolute clock: frame k is due at clock + k*20ms - lead, and
                 # the listener plays it at clock + k*20ms. Later than that, it ran dry: its
