@@ -76,6 +76,22 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
 # -- health and readiness ------------------------------------------------------------
 
 
+def test_the_ready_gauge_is_current_at_each_scrape(make_server) -> None:
+    # What was seen: voiceagent_ready changed only when /readyz was asked; after one
+    # /readyz at the session limit, every scrape said 0 with no session open.
+    server = make_server(max_sessions=1)
+
+    async def go() -> None:
+        async with connect(server.url) as ws:
+            await Client(ws).start()
+            assert httpx.get(server.http + "/readyz").status_code == 503
+            assert value(scrape(server), "voiceagent_ready") == 0
+
+    run(go())
+    run(wait_until(lambda: server.voice_server.admission.sessions == 0))
+    assert value(scrape(server), "voiceagent_ready") == 1  # no /readyz asked since
+
+
 def test_healthz_says_alive_and_readyz_says_ready_with_no_reasons(server) -> None:
     assert httpx.get(f"{server.http}/healthz").json() == {"status": "alive"}
     ready = httpx.get(f"{server.http}/readyz")
@@ -480,6 +496,11 @@ def test_sigterm_lets_the_live_turn_finish_refuses_newcomers_and_exits_0(
                             break
                         await asyncio.sleep(0.05)
                 assert ready.json()["reasons"] == ["draining"]
+                # what was seen: /health said 200 "ok", ready, to a balancer that checks it
+                health = httpx.get(f"{base}/health")
+                assert health.status_code == 503 and health.json()["status"] == "draining"
+                metrics = httpx.get(f"{base}/metrics").text  # current at each scrape
+                assert "\nvoiceagent_ready 0.0\n" in metrics
                 async with connect(url) as newcomer:
                     refusal = json.loads(await newcomer.recv())
                     assert refusal["code"] == "server_draining"

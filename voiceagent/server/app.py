@@ -207,7 +207,7 @@ class VoiceServer:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
-        self.metrics.ready.set(1)  # from now on /readyz keeps it current
+        self.metrics.ready.set(1)  # from now on each scrape and /readyz keep it current
         if delay > 1.0:
             log.info("LM engine '%s' is ready", self.engine.name)
 
@@ -335,8 +335,9 @@ class VoiceServer:
         this process would not bring SGLang back)."""
         return JSONResponse({"status": "alive"})
 
-    async def readyz(self, request: Request) -> JSONResponse:
-        """Readiness: whether a new session should be sent here, and if not, why."""
+    async def _unready(self) -> list[str]:
+        """Why a new session should not be sent here (empty: it may); the ready gauge
+        follows."""
         reasons = []
         if self.admission.draining:
             reasons.append("draining")
@@ -344,17 +345,25 @@ class VoiceServer:
             reasons.append(f"LM engine '{self.engine.name}' is not reachable")
         reasons += self.admission.full()
         self.metrics.ready.set(0 if reasons else 1)
+        return reasons
+
+    async def readyz(self, request: Request) -> JSONResponse:
+        """Readiness: whether a new session should be sent here, and if not, why."""
+        reasons = await self._unready()
         body = {"ready": not reasons, "reasons": reasons}
         return JSONResponse(body, status_code=503 if reasons else 200)
 
     async def metrics_page(self, request: Request) -> Response:
+        await self._unready()  # the ready gauge as of this scrape
         return Response(self.metrics.exposition(), media_type=CONTENT_TYPE)
 
     async def health(self, request: Request) -> JSONResponse:
-        ready = await self.engine.ready()
+        engine_ready = await self.engine.ready()
+        draining = self.admission.draining
+        ready = engine_ready and not draining
         return JSONResponse(
             {
-                "status": "ok" if ready else "engine_unavailable",
+                "status": "draining" if draining else "ok" if ready else "engine_unavailable",
                 "ready": ready,
                 "engine": self.engine.name,
                 "model": self.catalog.model["name"],
