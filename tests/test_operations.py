@@ -326,6 +326,21 @@ def test_ttfa_histogram_does_not_count_a_queued_turns_wait(make_server) -> None:
     assert counted2 < told2 - played1 * 0.5, (told1, told2, counted2)
 
 
+def test_a_drop_in_request_refused_for_its_text_is_a_failed_turn_with_its_code(
+    make_server,
+) -> None:
+    # What was seen: POST /v1/tts with too long a text answered 400 text_too_long, and was
+    # counted as a turn the client cancelled; errors_total did not move.
+    server = make_server()
+    body = {"text": "x" * 20001, "voice": "agent"}
+    r = httpx.post(f"{server.http}/v1/tts", json=body, timeout=30)
+    assert (r.status_code, r.json()["code"]) == (400, "text_too_long")
+    s = scrape(server)
+    assert value(s, "voiceagent_turns_total", transport="tts", outcome="failed") == 1
+    assert value(s, "voiceagent_turns_total", transport="tts", outcome="cancelled") == 0
+    assert value(s, "voiceagent_errors_total", code="text_too_long") == 1
+
+
 # -- admission of turns ----------------------------------------------------------------
 
 

@@ -166,6 +166,7 @@ class Utterance:
         self.chars = 0
         self._closed = False
         self._outcome = "cancelled"  # unless it ends otherwise
+        self._code: ErrorCode | None = None  # the error a failed one ended with
         self.turn = Turn(
             turn_id or uuid.uuid4().hex,
             TurnSettings(
@@ -191,12 +192,12 @@ class Utterance:
         tenant's character limit (nothing of `text` is taken then)."""
         limit = self.host.limits.max_text_chars
         if self.chars + len(text) > limit:
-            raise ApiError(
-                ErrorCode.TEXT_TOO_LONG, f"an utterance takes at most {limit} characters"
+            raise self._failed(
+                ApiError(ErrorCode.TEXT_TOO_LONG, f"an utterance takes at most {limit} characters")
             )
         over = self.host.admission.tenant(self.tenant).take_chars(len(text))
         if over is not None:
-            raise ApiError(ErrorCode.QUOTA_EXCEEDED, over)
+            raise self._failed(ApiError(ErrorCode.QUOTA_EXCEEDED, over))
         self.chars += len(text)
         self.turn.push_text(text)
 
@@ -233,8 +234,7 @@ class Utterance:
                 self._outcome = "done"
                 return
             if isinstance(item, TurnFailed):
-                self._outcome = "failed"
-                raise ApiError(ErrorCode(item.code), str(item))
+                raise self._failed(ApiError(ErrorCode(item.code), str(item)))
             assert isinstance(item, SpokenSegment)
             yield item
 
@@ -245,6 +245,11 @@ class Utterance:
                 yield piece
 
     # -- end ------------------------------------------------------------------------------
+
+    def _failed(self, error: ApiError) -> ApiError:
+        """`error` ends this utterance: it is counted and logged as failed, with its code."""
+        self._outcome, self._code = "failed", error.code
+        return error
 
     def close(self) -> None:
         """Stop all work now (a cancel, a client gone) or after the end. Idempotent."""
@@ -258,6 +263,8 @@ class Utterance:
             hook()
         metrics, stats = self.host.engine.metrics, self.turn.stats
         metrics.turns.labels(self.api, self._outcome).inc()
+        if self._code is not None:
+            metrics.errors.labels(str(self._code)).inc()
         if self._outcome == "done":
             metrics.audio_seconds.labels(self.api).inc(stats.audio_ms / 1000)
             if stats.rtf is not None:
@@ -272,6 +279,7 @@ class Utterance:
             else round((self.first_audio - stats.created) * 1000, 1),
             "audio_s": round(stats.audio_ms / 1000, 3),
             "rtf": stats.rtf,
+            "code": None if self._code is None else str(self._code),
         }
         log.info("turn.end", extra={k: v for k, v in fields.items() if v is not None})
 
