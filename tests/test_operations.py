@@ -227,6 +227,30 @@ def test_a_session_closed_the_moment_its_turn_is_done_counts_the_turn_once(
     assert turns.labels("websocket", "closed")._value.get() == 0
 
 
+def test_a_turn_cut_by_its_client_hanging_up_counts_the_audio_it_sent(make_server) -> None:
+    # What was seen: a caller who hangs up mid-sentence (common on phones) left the turn
+    # counted as closed but its audio out of audio_sent_seconds_total, so the underruns
+    # per minute of audio read too high.
+    server = make_server()
+
+    async def go() -> int:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            await c.send({"type": "speak", "text": "A first and longer sentence to say."})
+            frames = 0
+            while frames < 25:  # half a second heard
+                frames += isinstance(await ws.recv(), bytes)
+        return frames
+
+    received = run(go())
+    run(wait_until(lambda: server.voice_server.admission.sessions == 0))
+    s = scrape(server)
+    assert value(s, "voiceagent_turns_total", transport="websocket", outcome="closed") == 1
+    sent_s = value(s, "voiceagent_audio_sent_seconds_total", transport="websocket")
+    assert sent_s >= received * 0.02, sent_s
+
+
 def test_a_cancelled_turn_whose_client_leaves_before_its_report_is_still_counted(
     make_server,
 ) -> None:

@@ -180,6 +180,11 @@ class SessionCore:
         except ProtocolError as err:
             return [SendEvent(error_event(err.code, err.message))]
 
+    def sent_ms(self, num: int) -> int:
+        """Audio of live turn `num` sent so far (0 for a turn that is not live)."""
+        turn = self._turns.get(num)
+        return 0 if turn is None else turn.frames * FRAME_MS
+
     def receive_bytes(self, data: bytes) -> list[Action]:
         """Binary messages are microphone audio (PCM16 mono at `input.sample_rate`)."""
         if self.settings is None:

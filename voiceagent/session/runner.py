@@ -202,10 +202,12 @@ class SessionRunner:
             for action in self.core.stopped(num, heard.ms, heard.source):
                 if isinstance(action, SendEvent):
                     self._observe(action.event)
-        for turn in self._turns.values():
+        for num, turn in self._turns.items():
             turn.close()
+            sent_ms = self.core.sent_ms(num)  # what went out (not all of it may be heard)
             self.metrics.turns.labels(self.transport.name, "closed").inc()
-            self._log_end(turn.id, "closed", {})
+            self.metrics.audio_seconds.labels(self.transport.name).inc(sent_ms / 1000)
+            self._log_end(turn.id, "closed", {"sent_ms": sent_ms})
         self._turns.clear()
         for num in list(self._admitted):
             self._release_turn(num)
