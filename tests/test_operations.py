@@ -14,6 +14,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -416,15 +417,29 @@ def test_json_logs_have_one_summary_line_per_turn_with_ids_and_never_the_text(
                 await c.speak(f"{secret} is on the menu.")
                 return str(created["session_id"])
 
+        async def context() -> None:  # a Cartesia socket's
+            async with connect(server.url.replace("/v1/ws", "/tts/websocket")) as ws:
+                output = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+                request = {"model_id": "sonic-3", "transcript": f"{secret}.", "context_id": "c1"}
+                voice = {"mode": "id", "id": "agent"}
+                await ws.send(json.dumps({**request, "voice": voice, "output_format": output}))
+                while json.loads(await ws.recv())["type"] != "done":
+                    pass
+
         session_id = run(go())
         # a drop-in API's turn has its line too (it had none)
         body = {"model": "tts-1", "voice": "agent", "input": secret, "response_format": "pcm"}
         assert httpx.post(f"{server.http}/v1/audio/speech", json=body).status_code == 200
+        run(context())
     finally:
         configure_logging("warning", "text")  # back to a quiet default for later tests
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     [openai] = [e for e in lines if e["event"] == "turn.end" and e["transport"] == "openai"]
     assert openai["outcome"] == "done" and openai["ttfa_ms"] > 0 and openai["audio_s"] > 0
+    # a socket's lines name it, as a session's do (what was seen: no id at all; the
+    # turn_id is the client's own context id)
+    [cartesia] = [e for e in lines if e["event"] == "turn.end" and e["transport"] == "cartesia"]
+    assert re.fullmatch(r"[0-9a-f]{16}", cartesia.get("session_id", "")), cartesia
     # (the log is the process's: a turn of an earlier test's server may end meanwhile)
     ends = [e for e in lines if e["event"] == "turn.end" and e.get("session_id") == session_id]
     assert len(ends) == 1

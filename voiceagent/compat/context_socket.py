@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import uuid
 from abc import ABC, abstractmethod
 from dataclasses import replace
 from typing import Any
@@ -24,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..auth.gate import Principal, principal_of
+from ..ops.logs import bind
 from ..protocol.errors import CloseCode, ErrorCode
 from ..session.port import SessionHost
 from ..text.timing import SpokenSegment
@@ -164,7 +166,7 @@ class ContextSocket(ABC):
         except ConnectionError:
             pass  # the socket is going; the loop below ends it
         except Exception:
-            log.exception("%s context failed", self.api)
+            log.exception("%s context %r failed", self.api, context_id[:64])
         finally:
             utterance.close()
             if self._pumps.get(context_id) is asyncio.current_task():
@@ -196,6 +198,7 @@ async def serve_context_socket(host: SessionHost, ws: WebSocket, socket: Context
         await ws.close(CloseCode.TRY_AGAIN_LATER, str(refusal.code))
         return
     host.admission.runners.add(socket)
+    bind(session_id=uuid.uuid4().hex[:16])  # the log lines of its contexts name the socket
     socket.reader = asyncio.current_task()
     gate = MessageGate(guard)
     idle_s = guard.idle_timeout_s
