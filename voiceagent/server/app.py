@@ -309,8 +309,7 @@ class VoiceServer:
         return catalog
 
     def _voices_by_tenant(self, tenants: list[str] | None = None) -> dict[str, dict[str, str]]:
-        """Tenant -> its own voices' names -> their keys ("acme" -> {"anna": "acme/anna"}),
-        for all tenants or those named."""
+        """Tenant (all, or those named) -> its voices' names -> keys ({"anna": "acme/anna"})."""
         owned: dict[str, dict[str, str]] = {}
         for key in self.engine.model.voices:
             tenant, slash, name = key.partition("/")
@@ -336,8 +335,7 @@ class VoiceServer:
         return JSONResponse({"status": "alive"})
 
     async def _unready(self) -> list[str]:
-        """Why a new session should not be sent here (empty: it may); the ready gauge
-        follows."""
+        """Why no new session should come here (empty: it may); sets the ready gauge."""
         reasons = []
         if self.admission.draining:
             reasons.append("draining")
