@@ -240,6 +240,21 @@ def test_a_key_added_on_the_command_line_works_at_once_and_is_stored_hashed(site
     assert "initech" in capsys.readouterr().out
 
 
+def test_guessing_keys_writes_a_line_a_second_with_the_address_not_one_per_guess(site, caplog):
+    # What was seen: 100 wrong keys, 100 INFO lines, none naming the client.
+    caplog.set_level(logging.INFO, logger="voiceagent.auth.gate")
+    started = time.monotonic()
+    for i in range(100):
+        headers = {"Authorization": f"Bearer va_{i:08x}_{'x' * 43}"}
+        assert httpx.get(f"{site.http}/v1/voices", headers=headers).status_code == 401
+    elapsed = time.monotonic() - started
+    lines = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert 1 <= len(lines) <= elapsed + 2, lines
+    assert all("from 127.0.0.1" in line for line in lines), lines
+    if len(lines) > 1:
+        assert "more refused since the last such line" in lines[-1], lines
+
+
 def test_an_api_key_mints_a_token_and_a_token_cannot_mint_another(site):
     r = httpx.post(site.http + "/v1/tokens", headers=bearer(site.acme), json={"ttl_s": 30})
     minted = r.json()

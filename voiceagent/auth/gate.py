@@ -15,6 +15,7 @@ import ipaddress
 import json
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,10 +246,40 @@ class AuthMiddleware:
         await self.app(scope, receive, send)
 
 
+class _RefusalLog:
+    """One INFO line a second at most for refused credentials (a client guessing keys
+    must not fill the log), each with how many were left out since the last."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.last = -every_s
+        self.left_out = 0
+
+    def say(self, scope: Scope, denial: Denial) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            self.left_out += 1
+            return
+        self.last, left_out, self.left_out = now, self.left_out, 0
+        client = (scope.get("client") or ("?",))[0]
+        more = f" ({left_out} more refused since the last such line)" if left_out else ""
+        log.info(
+            "%s %s from %s refused: %s%s",
+            scope["type"],
+            scope["path"],
+            client,
+            denial.message,
+            more,
+        )
+
+
+_refusals = _RefusalLog()
+
+
 async def _deny(
     scope: Scope, receive: Receive, send: Send, denial: Denial, shape: Shape | None
 ) -> None:
-    log.info("%s %s refused: %s", scope["type"], scope["path"], denial.message)
+    _refusals.say(scope, denial)
     response = denial.response(scope["path"], shape)
     if scope["type"] == "http":
         await response(scope, receive, send)
