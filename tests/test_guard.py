@@ -474,3 +474,15 @@ def _non_loopback_address() -> str | None:
         except OSError:
             return None
     return None if address.startswith("127.") else address
+
+
+def test_the_server_refuses_compressed_messages(server: BackgroundServer) -> None:
+    # What was seen: permessage-deflate was on, so a 4 KB frame could expand to a 4 MiB
+    # message on the server; one connection at 137 such messages a second (under the
+    # message rate) held a core, and other sessions' pings took up to 656 ms.
+    async def go() -> str | None:
+        async with websockets.connect(server.url, compression="deflate") as ws:  # offered
+            await Client(ws).start()
+            return ws.response.headers.get("Sec-WebSocket-Extensions")
+
+    assert run(go()) is None  # not taken up: every message arrives at its own size

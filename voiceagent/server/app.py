@@ -427,6 +427,7 @@ def uvicorn_config(server: VoiceServer, log_level: str = "info") -> uvicorn.Conf
         loop="uvloop",
         ws="websockets-sansio",
         ws_max_size=server.config.hard_max_message_bytes,
+        ws_per_message_deflate=False,  # a small deflated frame may inflate to 4 MiB to read
         log_level=log_level,
         log_config=None,  # uvicorn's lines go through our formatter (ops/logs.py)
         access_log=False,  # one line per request on stdout is noise for a WebSocket server
