@@ -3,6 +3,7 @@ loopback with auth turned on: real websockets and httpx clients, a real aiortc p
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -403,6 +404,28 @@ def test_a_turn_over_the_turns_quota_fails_at_once_and_the_session_goes_on(make_
     )
     assert failed["code"] == "quota_exceeded" and waited < 1.0
     assert after["type"] == "session.updated"  # the session goes on
+
+
+def test_each_flush_group_of_a_cartesia_context_is_a_turn_of_the_quota(make_site):
+    # What was seen: a context's groups after its first never drew on turns_per_min, so
+    # one context could speak without end past the tenant's quota.
+    site = make_site("[tenants.acme]\nturns_per_min = 2\n")
+    output = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+    voice = {"mode": "id", "id": "agent"}
+    request = {"model_id": "sonic-3", "voice": voice, "output_format": output}
+    group = {**request, "context_id": "c", "continue": True, "flush": True}
+
+    async def go() -> dict[str, Any]:
+        async with connect(site.ws + "/tts/websocket", site.acme) as ws:
+            for text in ("One.", "Two.", "Three."):
+                await ws.send(json.dumps({**group, "transcript": text}))
+            while True:  # (the old server: flush_done after flush_done, then nothing)
+                m = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                if m["type"] == "error":
+                    return dict(m)
+
+    error = run(go())
+    assert error["error_code"] == "quota_exceeded" and error["context_id"] == "c", error
 
 
 def test_text_over_the_character_quota_is_refused_and_the_session_goes_on(make_site):

@@ -9,6 +9,7 @@ gives the same audio, whichever way it is asked for.
 from __future__ import annotations
 
 import asyncio
+import gc
 import io
 import json
 import struct
@@ -28,6 +29,8 @@ from test_voice_store import a_voice
 from voiceagent.audio.codecs import alaw_decode, mulaw_decode
 from voiceagent.auth import keys
 from voiceagent.auth.gate import AuthConfig
+from voiceagent.bench.clients import connect
+from voiceagent.compat.utterance import Utterance
 from voiceagent.model import checkpoint
 from voiceagent.model.voice_store import save_voice
 from voiceagent.server.app import ServerConfig
@@ -301,6 +304,31 @@ def test_continue_holds_text_and_a_flush_speaks_it_as_a_group_of_its_own(server)
     check_words(heard, "Hello there my friend How are you today?", len(heard.audio) / 32000)
     second_start = next(s for w, s, _ in heard.times if w == "How")
     assert second_start >= group_1 - 0.001  # group 2's words follow group 1's audio
+
+
+async def next_message(ws: Any) -> dict[str, Any]:
+    return dict(json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT)))
+
+
+def test_a_long_lived_context_keeps_only_the_groups_it_has_not_sent(server):
+    # What was seen: a context kept every flush group it ever made (each with its turn
+    # and acoustic state) until it ended: 2,000 empty flushes, 141 MB more.
+    groups = 200
+    request = {"model_id": "sonic-3", "voice": VOICE, "output_format": raw(),
+               "context_id": "long", "continue": True}  # fmt: skip
+
+    async def go() -> int:
+        async with connect(ws_url(server)) as ws:
+            for _ in range(groups):
+                await ws.send(json.dumps({**request, "transcript": "", "flush": True}))
+                while (await next_message(ws))["type"] != "flush_done":
+                    pass  # its audio (none), then flush_done
+            gc.collect()  # (the server runs in this process)
+            alive = sum(isinstance(o, Utterance) for o in gc.get_objects())
+            await ws.send(json.dumps({**request, "transcript": "", "continue": False}))
+            return alive
+
+    assert run(go()) < 10
 
 
 def test_held_text_is_spoken_after_max_buffer_delay_or_on_an_empty_continue(server):

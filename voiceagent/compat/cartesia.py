@@ -125,7 +125,9 @@ class _Context:
     id: str
     gen: Generation
     parts: asyncio.Queue[_Part | None] = field(default_factory=asyncio.Queue)
-    made: list[_Part] = field(default_factory=list)
+    # the groups not sent yet (a sent one is dropped: a context may live for hours)
+    unsent: list[_Part] = field(default_factory=list)
+    groups: int = 0  # flush groups so far
     taking: _Part | None = None  # the group that takes text now (None: text ended)
     sending: _Part | None = None  # the group whose audio is going out
     timer: asyncio.TimerHandle | None = None  # max_buffer_delay_ms, while text is held
@@ -135,8 +137,9 @@ class _Context:
     release: Callable[[], None] | None = None  # gives back the context's live-turn slot
 
     def add(self, utterance: Utterance) -> _Part:
-        part = _Part(utterance, len(self.made) + 1)
-        self.made.append(part)
+        self.groups += 1
+        part = _Part(utterance, self.groups)
+        self.unsent.append(part)
         self.parts.put_nowait(part)
         self.taking = part
         return part
@@ -148,7 +151,7 @@ class _Context:
 
     def close(self) -> None:
         self.stop_timer()
-        for part in self.made:
+        for part in self.unsent:
             part.utterance.close()
         release, self.release = self.release, None
         if release is not None:
@@ -243,6 +246,9 @@ class CartesiaSocket(ContextSocket):
                         f"at most {self.host.limits.max_turns} flush groups may wait in a context",
                         429,
                     )
+                # each group is a turn of the tenant's quota (the first: the context's)
+                if over := self.host.admission.tenant(self.principal.tenant).take_turn():
+                    raise ApiError(ErrorCode.QUOTA_EXCEEDED, over)
                 ctx.add(self._utterance(context_id, ctx.gen))
             else:
                 ctx.taking = None
@@ -315,6 +321,7 @@ class CartesiaSocket(ContextSocket):
                     else:
                         await self.send_audio(ctx.id, piece)
                 part.utterance.close()
+                ctx.unsent.remove(part)
                 if part.acknowledge:
                     await self.send_json(
                         {
