@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import tempfile
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from ..audio.containers import FORMATS, make_stream_encoder
@@ -202,6 +204,9 @@ class Cloning:
         return JSONResponse(body, status_code=201)
 
 
+SPOOL_IN_MEMORY = 1 << 20  # bytes of a whole file kept in memory before it goes to disk
+
+
 def _check_size(audio: bytes) -> None:
     if len(audio) > MAX_UPLOAD_BYTES:
         raise VoiceError(
@@ -215,13 +220,15 @@ async def _whole(
     request: Request, utterance: Utterance, encoder: Encoder, media_type: str
 ) -> Response:
     """The whole file in one body, with its length (for clients that want a file). A
-    client that hangs up meanwhile stops the synthesis, as a streaming one does."""
-    parts: list[bytes] = []
+    client that hangs up meanwhile stops the synthesis, as a streaming one does. The
+    file is kept on disk past its first MiB (minutes of speech: tens of MB each, and
+    many such requests may run at once), then sent from there."""
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)  # noqa: SIM115 (body closes it)
 
     async def collect() -> None:
         async for pcm in utterance.pcm():
-            parts.append(encoder.encode(pcm))
-        parts.append(encoder.finish())
+            spool.write(encoder.encode(pcm))
+        spool.write(encoder.finish())
 
     async def hung_up() -> None:
         while not await request.is_disconnected():
@@ -236,10 +243,21 @@ async def _whole(
             for task in (work, watch):
                 task.cancel()
         if not work.done() or work.cancelled():
+            spool.close()
             return Response(status_code=499)  # nobody to answer: the turn is cancelled
         work.result()  # (its ApiError, if it failed)
     except ApiError as exc:
+        spool.close()
         return _refusal(exc)
     finally:
         utterance.close()
-    return Response(b"".join(parts), media_type=media_type)
+    size = spool.tell()
+    spool.seek(0)
+
+    async def body() -> AsyncIterator[bytes]:
+        with spool:
+            while piece := spool.read(1 << 16):
+                yield piece
+
+    headers = {"Content-Length": str(size)}
+    return StreamingResponse(body(), media_type=media_type, headers=headers)
