@@ -49,6 +49,7 @@ from .messages import (
     parse,
     setting_value,
 )
+from .recent_ids import RecentIds
 from .roles import Role
 
 
@@ -137,7 +138,7 @@ class SessionCore:
     settings: Settings | None = None  # None until session.start
     _turns: dict[int, _Turn] = field(default_factory=dict)  # live turns by number
     _stopping: dict[int, _Turn] = field(default_factory=dict)  # cancelled, heard unknown
-    _ids: set[str] = field(default_factory=set)
+    _ids: RecentIds = field(default_factory=RecentIds)  # the last 1,000: a repeat is refused
     _next_num: int = 1
     _open: int | None = None
     _ducked: bool = False
