@@ -273,3 +273,27 @@ def test_health_reports_sessions(server):
 
     health = run(go())
     assert health["ready"] is True and health["sessions"] == 1
+
+
+def test_a_long_session_keeps_nothing_of_its_finished_turns_framing(server):
+    # What was seen: each turn that sent audio (in header or raw framing) left its framing
+    # behind in the transport, one entry a turn for the whole session.
+    async def go() -> int:
+        async with connect(server.url) as ws:
+            c = Client(ws)
+            await c.start()
+            for framing in ("header", "raw", "header"):
+                await c.send({"type": "session.update", "format": {"framing": framing}})
+                assert (await c.event())["type"] == "session.updated"
+                await c.send({"type": "speak", "text": "Hi there."})
+                while not (isinstance(m := await ws.recv(), str) and '"turn.done"' in m):
+                    pass
+            await c.send({"type": "speak", "text": "A longer sentence that is cut off."})
+            while not isinstance(await ws.recv(), bytes):
+                pass
+            await c.send({"type": "cancel"})
+            await c.turn(until=("turn.cancelled",))
+            [runner] = server.voice_server.admission.runners
+            return len(runner.transport._framing)
+
+    assert run(go()) == 0

@@ -874,3 +874,27 @@ def test_the_mark_book_stays_small_when_marks_are_echoed_or_never_are() -> None:
     for _ in range(3 * marks.MAX_PENDING):
         book.sent(2)
     assert len(book._pending) == marks.MAX_PENDING
+
+
+def test_an_audiosocket_call_remembers_the_frames_of_its_last_turns_only() -> None:
+    # What was seen (read in the code): the frames written of every turn of a call were
+    # kept for the whole call, one entry a turn.
+    from voiceagent.protocol.actions import SendAudio
+    from voiceagent.telephony.audiosocket import KEPT_TURNS, AudioSocketTransport
+    from voiceagent.telephony.events import CallInfo
+
+    class Writer:
+        def write(self, data: bytes) -> None:
+            pass
+
+    async def go() -> AudioSocketTransport:
+        info = CallInfo("audiosocket", "id", "id", "pcm16", 8000)
+        transport = AudioSocketTransport(Writer(), info)  # type: ignore[arg-type]
+        for num in range(1, KEPT_TURNS + 11):
+            await transport.send_audio(SendAudio(num, 0, 0, "pcm16", bytes(320)))
+        await eventually(lambda: transport.sent_ms(KEPT_TURNS + 10) == 20, 10)
+        return transport
+
+    transport = run(go())
+    assert transport.sent_ms(KEPT_TURNS + 10) == 20 and transport.sent_ms(KEPT_TURNS) == 20
+    assert len(transport._emitted) <= KEPT_TURNS + 1

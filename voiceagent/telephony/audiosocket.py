@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 10.0
 READ_BYTES = 65536
+KEPT_TURNS = 16  # turns whose frames written are remembered (turns play one by one)
 
 
 class AudioSocketTransport(CallTransport):
@@ -60,6 +61,9 @@ class AudioSocketTransport(CallTransport):
                 while self._queue:
                     num, payload = self._queue.popleft()
                     self.writer.write(wire.encode_audio(payload, self.info.sample_rate))
+                    if num not in self._emitted:  # a new turn: forget the long-finished ones
+                        for old in [n for n in self._emitted if n < num - KEPT_TURNS]:
+                            del self._emitted[old]
                     self._emitted[num] = self._emitted.get(num, 0) + 1
                     k += 1
                     await asyncio.sleep(max(0.0, start + k * period - time.monotonic()))

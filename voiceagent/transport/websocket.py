@@ -80,19 +80,21 @@ class WebSocketTransport(Transport):
             await self._send(pack(header))
 
     async def end_turn(self, num: int) -> None:
+        framing = self._turn_framing(num)
         name = self.marks.end(num)
-        if name is not None and self._turn_framing(num) == "twilio":
+        if name is not None and framing == "twilio":
             await self._send(self._twilio.mark(name))
 
     async def drop_turn(self, num: int) -> None:
         """Nothing is queued here (the runner sends each frame when it is due); with
         `twilio` framing the bot forwards our `clear` to drop what Twilio buffers."""
-        if self.marks.has_audio(num) and self._turn_framing(num) == "twilio":
+        framing = self._turn_framing(num)
+        if self.marks.has_audio(num) and framing == "twilio":
             self.marks.clear(num)
             await self._send(self._twilio.clear())
 
     def _turn_framing(self, num: int) -> str:
-        """The framing turn `num`'s frames went out in (it is done with after this)."""
+        """The framing turn `num`'s frames went out in; forgotten now (the turn is done)."""
         framing, _ = self._framing.pop(num, (self._format().framing, ""))
         return framing
 
