@@ -898,3 +898,51 @@ def test_an_audiosocket_call_remembers_the_frames_of_its_last_turns_only() -> No
     transport = run(go())
     assert transport.sent_ms(KEPT_TURNS + 10) == 20 and transport.sent_ms(KEPT_TURNS) == 20
     assert len(transport._emitted) <= KEPT_TURNS + 1
+
+
+class StuckSocket:
+    """A WebSocket whose peer stopped reading: every send blocks."""
+
+    def __init__(self) -> None:
+        self.sends = 0
+
+    async def send_text(self, data: str) -> None:
+        self.sends += 1
+        await asyncio.Event().wait()
+
+    send_bytes = send_text  # type: ignore[assignment]
+
+
+def test_a_bot_that_stops_reading_is_let_go_and_the_call_keeps_its_events() -> None:
+    # What was seen: a bot that stopped reading blocked the call's loop, so the carrier's
+    # hang-up went unseen and the session slot stayed taken until the bot's keepalive died.
+    from voiceagent.telephony.bot import BotLink
+
+    async def go() -> tuple[BotLink, float]:
+        link = BotLink(send_timeout_s=0.2)
+        link.ws = StuckSocket()  # type: ignore[assignment]
+        started = time.monotonic()
+        await link.send({"type": "turn.done"})
+        return link, time.monotonic() - started
+
+    link, took = run(go())
+    assert took < 5 and not link.attached
+    assert list(link._backlog) == [{"type": "turn.done"}]  # for the bot that comes next
+
+
+def test_a_carrier_that_stops_reading_ends_the_call_s_session() -> None:
+    from voiceagent.protocol.actions import SendAudio
+    from voiceagent.telephony.events import CallInfo
+    from voiceagent.telephony.media_streams import DIALECTS
+    from voiceagent.telephony.stream_server import MediaStreamTransport
+
+    dialect = DIALECTS["twilio"]()
+    dialect.info = CallInfo("twilio", "CA1", "MZ1", "mulaw", 8000)
+    stuck: Any = StuckSocket()
+    transport = MediaStreamTransport(stuck, dialect, 1000, send_timeout_s=0.2)
+
+    async def go() -> None:
+        await transport.send_audio(SendAudio(1, 0, 0, "mulaw", bytes(160)))
+
+    with pytest.raises(ConnectionError):
+        run(go())

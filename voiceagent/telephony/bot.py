@@ -4,6 +4,7 @@ bot not (yet) attached are kept, a bounded number."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -29,8 +30,11 @@ CALLER_TURN = 0  # caller audio goes to the bot as binary frames of "turn 0"
 class BotLink:
     """Where a call's events go: the attached bot's WebSocket, else a bounded backlog."""
 
-    def __init__(self, backlog: int = 512) -> None:
+    def __init__(self, backlog: int = 512, send_timeout_s: float = 10.0) -> None:
         self.ws: WebSocket | None = None
+        # a bot that stops reading is let go after this long (the call's loop must go on:
+        # the carrier's hang-up and media wait behind a blocked send)
+        self.send_timeout_s = send_timeout_s
         self._failed: WebSocket | None = None  # the bot a send failed to, until it detaches
         self._backlog: deque[dict[str, Any]] = deque(maxlen=backlog)
         self._dropped = 0
@@ -47,10 +51,11 @@ class BotLink:
     async def send(self, event: dict[str, Any]) -> None:
         if self.ws is not None:
             try:
-                await self.ws.send_text(json.dumps(event))
+                async with asyncio.timeout(self.send_timeout_s):
+                    await self.ws.send_text(json.dumps(event))
                 return
-            except Exception:  # the bot went away mid-send: keep the event for the next one
-                self._failed, self.ws = self.ws, None
+            except Exception:  # the bot went away (or stopped reading) mid-send: keep the
+                self._failed, self.ws = self.ws, None  # event for the next one
         if event.get("type") == "audio.levels":
             return  # lip-sync levels are worthless later
         if len(self._backlog) == self._backlog.maxlen:
@@ -101,8 +106,15 @@ class BotLink:
             seq = self._caller_seq
             self._caller_seq += 1
             frame = AudioFrame("pcm16", CALLER_TURN, seq, seq * FRAME_MS, out)
-            with contextlib.suppress(Exception):
-                await ws.send_bytes(pack(frame))
+            try:
+                async with asyncio.timeout(self.send_timeout_s):
+                    await ws.send_bytes(pack(frame))
+            except TimeoutError:  # it stopped reading: let it go, as `send` does
+                if self.ws is ws:
+                    self._failed, self.ws = ws, None
+                return
+            except Exception:
+                pass
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         ws, self.ws = self.ws, None

@@ -279,6 +279,7 @@ async def run_call(
     refusal = host.admission.admit(transport.name, tenant)
     if refusal is not None:
         raise CallRefused(refusal.code, refusal.message)
+    transport.bot.send_timeout_s = host.guard.send_timeout_s
     call = Call(host, transport)
     if not host.calls.add(info.token, call):
         host.admission.release(transport.name, tenant)

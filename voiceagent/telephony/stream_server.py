@@ -32,18 +32,25 @@ START_TIMEOUT_S = 10.0  # a carrier sends `start` at once
 
 
 class MediaStreamTransport(CallTransport):
-    def __init__(self, ws: WebSocket, dialect: Dialect, mark_every_ms: int) -> None:
+    def __init__(
+        self, ws: WebSocket, dialect: Dialect, mark_every_ms: int, send_timeout_s: float = 10.0
+    ) -> None:
         assert dialect.info is not None
         super().__init__(dialect.info)
         self.ws = ws
+        self.send_timeout_s = send_timeout_s
         self.dialect = dialect
         self.marks = MarkBook(mark_every_ms // FRAME_MS)
 
     async def _send(self, message: str | bytes | None) -> None:
-        if isinstance(message, bytes):
-            await self.ws.send_bytes(message)
-        elif message is not None:
-            await self.ws.send_text(message)
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                if isinstance(message, bytes):
+                    await self.ws.send_bytes(message)
+                elif message is not None:
+                    await self.ws.send_text(message)
+        except TimeoutError:
+            raise ConnectionError("the carrier stopped reading") from None
 
     async def send_audio(self, frame: SendAudio) -> None:
         await self._send(self.dialect.media(frame.payload))
@@ -153,7 +160,7 @@ async def serve_media_stream(host: CallHost, ws: WebSocket, carrier: str) -> Non
         return
     if dialect.info is None:
         return  # gone before its start
-    transport = MediaStreamTransport(ws, dialect, config.mark_every_ms)
+    transport = MediaStreamTransport(ws, dialect, config.mark_every_ms, host.guard.send_timeout_s)
     transport.principal = principal_of(ws)
     try:
         await run_call(host, transport, events)
