@@ -106,7 +106,7 @@ def _clone(core: Any) -> Any:
     copy = replace(core)
     copy._turns = {n: replace(t, levels=list(t.levels)) for n, t in core._turns.items()}
     copy._stopping = {n: replace(t, levels=list(t.levels)) for n, t in core._stopping.items()}
-    copy._ids = set(core._ids)
+    copy._ids = core._ids.copy()
     return copy
 
 

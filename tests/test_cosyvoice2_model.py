@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ from voiceagent.model.cosyvoice2.loader import EMBED, HEAD, REQUIRED
 from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
+from voiceagent.ops.logs import configure_logging
 from voiceagent.pipeline.turn import ChunkSchedule, FrameFormat, Turn, TurnFailed, TurnSettings
 from voiceagent.server.app import ServerConfig
 from voiceagent.server.background import BackgroundServer, free_port
@@ -178,17 +180,30 @@ def test_voice_add_makes_a_voice_the_model_accepts(tmp_path, cv2_dir):
     )
 
 
-def test_voice_add_on_a_full_disk_says_so_and_leaves_nothing_behind(tmp_path, cv2_dir):
-    """The voice file is written next to its final name first; here that file is
-    /dev/full, so the kernel answers ENOSPC as a full disk does."""
-    voices = tmp_path / "m" / "voices"
-    voices.mkdir(parents=True)
-    (voices / "caller.tmp").symlink_to("/dev/full")
-    _, proc = _voice_add(tmp_path, cv2_dir, "caller")
-    assert proc.returncode == 2
-    assert "could not save voice 'caller': No space left on device" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert sorted(p.name for p in voices.iterdir()) == []  # no .pt, no partial .tmp
+def test_voice_add_on_a_full_disk_says_so_and_leaves_nothing_behind(
+    tmp_path, cv2_dir, monkeypatch, capsys
+):
+    """The voice file is written next to its final name first, under a name of its own
+    (fixed here); here that file is /dev/full, so the kernel answers ENOSPC as a full
+    disk does. In this process, to fix that name."""
+    from voiceagent import cli
+    from voiceagent.model import voice_store
+
+    copy, proc = _voice_add(tmp_path, cv2_dir, "first")  # the model copy, and a voice
+    assert proc.returncode == 0, proc.stderr
+    voices = copy / "voices"
+    monkeypatch.setattr(voice_store, "secrets", SimpleNamespace(token_hex=lambda n: "fixed"))
+    (voices / ".caller.fixed.tmp").symlink_to("/dev/full")
+    args = ["voice", "add", "caller", str(tmp_path / "clip.wav"), "--model", str(copy)]
+    try:
+        rc = cli.main([*args, "--text", "Thanks for calling, how can I help?"])
+    finally:
+        configure_logging("warning", "text")
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "could not save voice 'caller': No space left on device" in err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in voices.iterdir()) == ["first.pt"]  # no partial file
 
 
 def test_the_text_embedding_and_head_are_tied_as_in_the_reference(tmp_path, cv2_dir):

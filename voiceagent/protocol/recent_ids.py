@@ -4,6 +4,7 @@ set that grows for the whole life of a long session."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 RECENT_TURN_IDS = 1000  # a session's live turns (at most `max_turns`) are among them
 
@@ -19,6 +20,14 @@ class RecentIds:
 
     def __len__(self) -> int:
         return len(self._ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._order)
+
+    def copy(self) -> RecentIds:
+        other = RecentIds(self.size)
+        other._order, other._ids = self._order.copy(), self._ids.copy()
+        return other
 
     def add(self, turn_id: str) -> None:
         if turn_id in self._ids:

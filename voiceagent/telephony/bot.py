@@ -54,8 +54,8 @@ class BotLink:
                 async with asyncio.timeout(self.send_timeout_s):
                     await self.ws.send_text(json.dumps(event))
                 return
-            except Exception:  # the bot went away (or stopped reading) mid-send: keep the
-                self._failed, self.ws = self.ws, None  # event for the next one
+            except Exception:  # gone, or stopped reading: keep the event for the next bot
+                self._failed, self.ws = self.ws, None
         if event.get("type") == "audio.levels":
             return  # lip-sync levels are worthless later
         if len(self._backlog) == self._backlog.maxlen:
@@ -113,8 +113,8 @@ class BotLink:
                 if self.ws is ws:
                     self._failed, self.ws = ws, None
                 return
-            except Exception:
-                pass
+            except Exception:  # gone: the next event's send finds out
+                return
 
     async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         ws, self.ws = self.ws, None
