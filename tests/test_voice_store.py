@@ -90,8 +90,8 @@ def test_tenants_catalogs_are_refilled_only_when_a_voice_or_role_changes(
     vs = server.voice_server
     catalogs = {t: vs.catalog_for(Principal(t, "key")) for t in ("acme", "beta", "gamma")}
     refills: list[object] = []
-    real_fill = vs._fill
-    monkeypatch.setattr(vs, "_fill", lambda c, *a: refills.append(c) or real_fill(c, *a))
+    real_fill = vs.catalogs._fill
+    monkeypatch.setattr(vs.catalogs, "_fill", lambda c, *a: refills.append(c) or real_fill(c, *a))
     vs.rescan_voices()
     assert refills == []  # nothing changed: nothing rebuilt
     save_voice(voices / "acme", a_voice("anna"), "acme's own")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,11 +54,8 @@ from ..auth.gate import (
 )
 from ..compat.routes import compat_routes, refusal
 from ..engine.embedded import EmbeddedEngine
-from ..model.voice_store import load_voice
 from ..ops.metrics import CONTENT_TYPE
 from ..protocol.errors import ErrorCode
-from ..protocol.messages import Sampling
-from ..protocol.roles import Role, parse_roles
 from ..protocol.session import Catalog, Limits
 from ..session.admission import Admission
 from ..session.playout import PlayoutConfig
@@ -72,6 +68,7 @@ from ..telephony.stream_server import serve_media_stream
 from ..transport.guard import ClientNoise, ConnectionGate, GuardConfig, NoQueryStrings
 from ..transport.webrtc import WebRtcConfig, WebRtcGateway
 from ..transport.websocket import serve_websocket
+from .catalogs import Catalogs
 from .voices_api import make_registry, voice_routes
 
 log = logging.getLogger(__name__)
@@ -122,24 +119,8 @@ class VoiceServer:
         self.calls = CallRegistry()
         self.connections = ConnectionGate(config.guard)
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, once it runs
-        model = engine.model
-        temperature, top_k, top_p = model.sampling.drawing
-        self.catalog = Catalog(
-            voices=tuple(model.voices),
-            model={
-                "name": model.name,
-                "random_weights": model.random_weights,
-                "warning": model.warning,
-                "engine": engine.name,
-            },
-            default_voice=next(iter(model.voices), ""),
-            sampling=Sampling(temperature, top_k, top_p),
-        )
-        self._voice_files: dict[Path, float] = {}
-        self._catalogs: dict[tuple[str, str | None], Catalog] = {}
-        self.roles: dict[str, Role] = {}
-        self._roles_seen: float | None = -1.0  # the roles file's mtime (None: missing)
-        self.rescan_voices()
+        self.catalogs = Catalogs(engine, config.voices_dir, config.roles_file)
+        self.catalog = self.catalogs.shared  # kept current in place by each rescan
         self.webrtc = WebRtcGateway(self, config.webrtc)
         self.registry = make_registry(self)  # voices made from reference audio
         routes: list[BaseRoute] = [
@@ -219,115 +200,11 @@ class VoiceServer:
             except Exception:
                 log.exception("rescanning voices failed")
 
-    def _changed_voice_files(self) -> list[Path]:
-        """Voice files new or changed since the last look: `voices_dir/NAME.pt` are shared
-        by every tenant, `voices_dir/TENANT/NAME.pt` are that tenant's alone."""
-        folder = self.config.voices_dir
-        if folder is None or not folder.is_dir():
-            return []
-        files = [*folder.glob("*.pt"), *folder.glob("*/*.pt")]
-        return [p for p in files if self._voice_files.get(p) != p.stat().st_mtime]
-
     def rescan_voices(self) -> None:
-        """Pick up voices added (or replaced) in `voices_dir` since the last look, and
-        forget those whose file was deleted; reread the roles file if it changed."""
-        changed = self._reread_roles()
-        for path in [p for p in self._voice_files if not p.exists()]:
-            del self._voice_files[path]
-            key = self._voice_key(path)
-            if self.engine.model.voices.pop(key, None) is not None:
-                self.engine.acoustic.forget_voice(key)  # and its cached flow state
-                log.info("voice '%s' removed (%s was deleted)", key, path)
-                changed = True
-        for path in self._changed_voice_files():
-            self._voice_files[path] = path.stat().st_mtime
-            try:
-                voice = load_voice(path)
-                self.engine.model.check_voice(voice)
-            except Exception as exc:
-                log.warning("voice file %s is not usable with this model: %s", path, exc)
-                continue
-            key = self._voice_key(path)
-            # the engine caches per voice name: a tenant's voice is named by its key
-            self.engine.model.voices[key] = dataclasses.replace(voice, name=key)
-            log.info("voice '%s' loaded from %s", key, path)
-            changed = True
-        if not changed:  # every 2 s: with thousands of tenants' catalogs, only if needed
-            return
-        self.catalog.voices = tuple(v for v in self.engine.model.voices if "/" not in v)
-        self.catalog.roles = self._roles_of(self.catalog.voices)
-        if not self.catalog.default_voice and self.catalog.voices:
-            self.catalog.default_voice = self.catalog.voices[0]
-        owned = self._voices_by_tenant()
-        for (tenant, scope), catalog in self._catalogs.items():
-            self._fill(catalog, owned.get(tenant, {}), scope)
-
-    def _reread_roles(self) -> bool:
-        """Whether the roles changed."""
-        path = self.config.roles_file
-        if path is None:
-            return False
-        try:
-            seen = path.stat().st_mtime
-        except OSError:
-            seen = None  # missing: said once, until it is back
-        if seen == self._roles_seen:
-            return False
-        self._roles_seen = seen
-        try:
-            self.roles = parse_roles(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, ValueError) as exc:
-            log.warning("roles not (re)loaded, keeping %d: %s", len(self.roles), exc)
-            return False
-        log.info("roles loaded from %s: %s", path, ", ".join(self.roles) or "none")
-        return True
-
-    def _roles_of(self, voices: tuple[str, ...]) -> dict[str, Role]:
-        """The roles whose voice is among `voices` (a role never shadows a voice)."""
-        return {
-            name: role
-            for name, role in self.roles.items()
-            if role.voice in voices and name not in voices
-        }
-
-    def _voice_key(self, path: Path) -> str:
-        """`voices_dir/anna.pt` is the shared "anna"; `voices_dir/acme/anna.pt` is "acme/anna"."""
-        shared = path.parent == self.config.voices_dir
-        return path.stem if shared else f"{path.parent.name}/{path.stem}"
+        self.catalogs.rescan()
 
     def catalog_for(self, principal: Principal) -> Catalog:
-        """The shared voices and the tenant's own (a voice-scoped token: that one only);
-        kept current by the rescan, like the shared catalog."""
-        tenant, scope = principal.tenant, principal.voice
-        catalog = self._catalogs.get((tenant, scope))
-        if catalog is None:
-            catalog = Catalog(
-                (), self.catalog.model, "", tenant=tenant, sampling=self.catalog.sampling
-            )
-            own = self._voices_by_tenant([tenant]).get(tenant, {})
-            self._catalogs[(tenant, scope)] = self._fill(catalog, own, scope)
-        return catalog
-
-    def _voices_by_tenant(self, tenants: list[str] | None = None) -> dict[str, dict[str, str]]:
-        """Tenant (all, or those named) -> its voices' names -> keys ({"anna": "acme/anna"})."""
-        owned: dict[str, dict[str, str]] = {}
-        for key in self.engine.model.voices:
-            tenant, slash, name = key.partition("/")
-            if slash and (tenants is None or tenant in tenants):
-                owned.setdefault(tenant, {})[name] = key
-        return owned
-
-    def _fill(self, catalog: Catalog, own: dict[str, str], scope: str | None) -> Catalog:
-        """`catalog` set to the shared voices and `own` (a tenant's, by name: their keys)."""
-        names = [*(v for v in self.catalog.voices if v not in own), *own]
-        if scope is not None:
-            names = [v for v in names if v == scope]
-        catalog.voices = tuple(names)
-        catalog.keys = own
-        catalog.roles = self._roles_of(catalog.voices)
-        default = self.catalog.default_voice
-        catalog.default_voice = default if default in names else next(iter(names), "")
-        return catalog
+        return self.catalogs.for_principal(principal)
 
     async def healthz(self, request: Request) -> JSONResponse:
         """Liveness: the event loop answers. Never depends on the LM server (a restart of
