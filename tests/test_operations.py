@@ -365,6 +365,22 @@ def test_a_drop_in_request_refused_for_its_text_is_a_failed_turn_with_its_code(
     assert value(s, "voiceagent_turns_total", transport="tts", outcome="cancelled") == 0
     assert value(s, "voiceagent_errors_total", code="text_too_long") == 1
 
+    async def on_a_socket() -> dict[str, Any]:  # counted once there too, not twice
+        async with connect(server.url.replace("/v1/ws", "/tts/websocket")) as ws:
+            output = {"container": "raw", "encoding": "pcm_s16le", "sample_rate": 24000}
+            await ws.send(
+                json.dumps(
+                    {"model_id": "sonic-3", "voice": {"mode": "id", "id": "agent"},
+                     "output_format": output, "context_id": "c", "transcript": "x" * 20001}
+                )
+            )  # fmt: skip
+            return dict(json.loads(await ws.recv()))
+
+    assert run(on_a_socket())["error_code"] == "text_too_long"
+    s = scrape(server)
+    assert value(s, "voiceagent_turns_total", transport="cartesia", outcome="failed") == 1
+    assert value(s, "voiceagent_errors_total", code="text_too_long") == 2
+
 
 # -- admission of turns ----------------------------------------------------------------
 

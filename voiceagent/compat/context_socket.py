@@ -79,7 +79,8 @@ class ContextSocket(ABC):
         return JSONResponse(error.body(), status_code=error.status)
 
     async def send_error(self, context_id: str | None, error: ApiError) -> None:
-        self.host.engine.metrics.errors.labels(str(error.code)).inc()
+        if not error.counted:
+            self.host.engine.metrics.errors.labels(str(error.code)).inc()
         await self.write_error(context_id, error)
 
     def open(self, context_id: str, options: SpeechOptions) -> Utterance:

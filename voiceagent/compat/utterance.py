@@ -90,6 +90,7 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.status = status or STATUS.get(code, 400)
+        self.counted = False  # in errors_total already (a failed utterance counts its own)
 
     def body(self) -> dict[str, str]:
         return {"type": "error", "code": str(self.code), "message": self.message}
@@ -249,6 +250,8 @@ class Utterance:
     def _failed(self, error: ApiError) -> ApiError:
         """`error` ends this utterance: it is counted and logged as failed, with its code."""
         self._outcome, self._code = "failed", error.code
+        self.host.engine.metrics.errors.labels(str(error.code)).inc()
+        error.counted = True
         return error
 
     def close(self) -> None:
@@ -263,8 +266,6 @@ class Utterance:
             hook()
         metrics, stats = self.host.engine.metrics, self.turn.stats
         metrics.turns.labels(self.api, self._outcome).inc()
-        if self._code is not None:
-            metrics.errors.labels(str(self._code)).inc()
         if self._outcome == "done":
             metrics.audio_seconds.labels(self.api).inc(stats.audio_ms / 1000)
             if stats.rtf is not None:
