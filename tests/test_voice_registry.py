@@ -234,6 +234,36 @@ def test_a_name_is_taken_once_per_tenant(voice_server, phone):
     assert statuses == [201, 409]
 
 
+def test_a_tenant_may_have_only_a_few_voices_waiting_to_be_made(voice_server, phone, monkeypatch):
+    # What was seen: a tenant's creations wait their turn one after another, each holding
+    # its upload and decoded audio (up to about 37 MB), and nothing bounded that queue.
+    release = threading.Event()
+    real = registry_module.prepare_reference
+
+    def held(audio: bytes) -> Any:  # the first creation is slow: the rest wait behind it
+        release.wait(60)
+        return real(audio)
+
+    monkeypatch.setattr(registry_module, "prepare_reference", held)
+    body = {"audio": base64.b64encode(wav_bytes(pcm_of(phone), PHONE)).decode()}
+    url = f"{voice_server.http}/v1/voices"
+
+    async def burst() -> tuple[list[int], dict[str, Any]]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            waiting = [
+                asyncio.ensure_future(client.post(url, json={**body, "name": f"v{i}"}))
+                for i in range(registry_module.MAX_WAITING_PER_TENANT)
+            ]
+            await asyncio.sleep(0.5)  # all of them in the tenant's turn
+            one_more = await client.post(url, json={**body, "name": "one-more"})
+            release.set()
+            return [r.status_code for r in await asyncio.gather(*waiting)], one_more.json()
+
+    statuses, refused = run(burst())
+    assert statuses == [201] * registry_module.MAX_WAITING_PER_TENANT
+    assert refused["code"] == "rate_limited", refused
+
+
 def test_a_name_is_taken_once_across_servers_sharing_the_voices_folder(
     voice_server, phone, monkeypatch
 ):

@@ -60,6 +60,7 @@ STATUS = {
     ErrorCode.AUDIO_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.QUOTA_EXCEEDED: 429,
+    ErrorCode.RATE_LIMITED: 429,
     ErrorCode.AUDIO_UNREADABLE: 422,
     ErrorCode.AUDIO_TOO_SHORT: 422,
     ErrorCode.AUDIO_TOO_LONG: 422,

@@ -17,10 +17,12 @@ they belong to the operator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 MAX_TRANSCRIPT_CHARS = 1000
 # Voices made at once; more wait their turn (each holds a CPU core for about a second).
 MAX_CONCURRENT_CREATES = 2
+# A tenant's voices being made or waiting their turn (one-off ones included): each holds
+# its upload and decoded audio, so a burst beyond this is refused, not queued.
+MAX_WAITING_PER_TENANT = 4
 # A transcript this dense cannot be what the reference says (fast speech is ~20 chars/s).
 MAX_CHARS_PER_S = 30.0
 TOKENS_PER_S = 25  # speech tokens
@@ -133,6 +138,7 @@ class VoiceRegistry:
         # the other slot stays for other tenants (and for one-off voices); one lock per
         # tenant that ever made a voice (the keys file's tenants)
         self._tenant_turn: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}  # per tenant: in its turn or waiting for it
         self._meta: dict[Path, tuple[float, tuple[str, dict[str, Any]]]] = {}
 
     # -- reading ---------------------------------------------------------------------------
@@ -223,7 +229,7 @@ class VoiceRegistry:
         self._check_quota(tenant)
         self._creating.add(path)
         try:
-            async with self._tenant_lock(tenant), self._slots:
+            async with self._turn_of(tenant):
                 ref = await asyncio.to_thread(prepare_reference, audio)
                 info = await asyncio.to_thread(
                     self._make, path, voice_id, ref, transcript, language
@@ -318,14 +324,27 @@ class VoiceRegistry:
         transcript = (transcript or "").strip() or None
         check_fields(None, transcript, language)
         self._check_can_clone()
-        async with self._tenant_lock(principal.tenant), self._slots:
+        async with self._turn_of(principal.tenant):
             ref = await asyncio.to_thread(prepare_reference, audio)
             return await asyncio.to_thread(
                 self._voice, f"one-off-{secrets.token_hex(8)}", ref, transcript, language
             )
 
-    def _tenant_lock(self, tenant: str) -> asyncio.Lock:
-        return self._tenant_turn.setdefault(tenant, asyncio.Lock())
+    @contextlib.asynccontextmanager
+    async def _turn_of(self, tenant: str) -> AsyncIterator[None]:
+        """The tenant's turn to make a voice, and one of the server's slots for it."""
+        if self._waiting.get(tenant, 0) >= MAX_WAITING_PER_TENANT:
+            raise VoiceError(
+                ErrorCode.RATE_LIMITED,
+                f"{MAX_WAITING_PER_TENANT} voices of this tenant are being made or waiting; "
+                "send this again when one is done",
+            )
+        self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+        try:
+            async with self._tenant_turn.setdefault(tenant, asyncio.Lock()), self._slots:
+                yield
+        finally:
+            self._waiting[tenant] -= 1
 
     def _check_can_clone(self) -> None:
         model = self.host.model
