@@ -7,7 +7,9 @@ be picked, and a page without the token it needs says so instead of retrying for
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,18 @@ RESTING = (
     "() => { const s = window.voiceagentDemo.state();"
     " return !s.playing && s.botState === 'listening'; }"
 )
+
+
+@contextlib.contextmanager
+def page_on(browser: Any, server: Any) -> Iterator[Demo]:
+    """A page in a fresh browser context on a server of the test's own; no page errors."""
+    context = browser.new_context()
+    try:
+        d = Demo(context.new_page(), server)
+        yield d
+        assert not d.page_errors
+    finally:
+        context.close()
 
 
 def sent(demo: Demo, turn_id: str) -> tuple[str, list[str]]:
@@ -153,9 +167,7 @@ def test_a_page_without_the_token_it_needs_says_so_and_stops_trying(
 ) -> None:
     # What was seen (WebSocket): "The server turned the connection down.", retried for ever.
     server = make_server(auth=AuthConfig("on", tmp_path / "keys.toml", "demo-secret"))
-    context = browser.new_context()
-    try:
-        d = Demo(context.new_page(), server)
+    with page_on(browser, server) as d:
         d.page.goto(f"{server.http}/?transport={transport}")
         d.page.wait_for_function(
             "() => window.voiceagentDemo && window.voiceagentDemo.state().connection === 'stopped'",
@@ -164,9 +176,6 @@ def test_a_page_without_the_token_it_needs_says_so_and_stops_trying(
         state = d.state()
         assert "access token" in state["connectionMessage"], state["connectionMessage"]
         assert state["retryInMs"] is None
-        assert not d.page_errors
-    finally:
-        context.close()
 
 
 # -- roles ---------------------------------------------------------------------------------
@@ -177,9 +186,7 @@ def test_roles_can_be_picked_beside_the_voices(
 ) -> None:
     voice = next(iter(tiny_model.voices))
     server = make_server(roles_file=roles_file(tmp_path, voice))
-    context = browser.new_context()
-    try:
-        d = Demo(context.new_page(), server)
+    with page_on(browser, server) as d:
         open_demo(d.page, server.http, "ws")
         groups = d.page.evaluate(
             """() => [...document.querySelectorAll('#voice optgroup')].map((g) =>
@@ -193,9 +200,6 @@ def test_roles_can_be_picked_beside_the_voices(
         )
         i = speak(d.page, "Hi.")
         assert wait_turn(d.page, i, ("done",))["voice"] == "support"  # turn.started.voice
-        assert not d.page_errors
-    finally:
-        context.close()
 
 
 def test_a_voice_added_while_the_page_is_open_can_be_picked(
@@ -205,9 +209,7 @@ def test_a_voice_added_while_the_page_is_open_can_be_picked(
     # (POST /v1/voices, or a file an operator added) showed only after a reconnect.
     voices = tmp_path / "voices"
     server = make_server(checkpoint.load(tiny_dir), voices_dir=voices, voices_rescan_s=0.1)
-    context = browser.new_context()
-    try:
-        d = Demo(context.new_page(), server)
+    with page_on(browser, server) as d:
         open_demo(d.page, server.http, "ws")
         assert "carol" not in d.state()["voices"]
         save_voice(voices, a_voice("carol"), "carol speaking")
@@ -218,6 +220,3 @@ def test_a_voice_added_while_the_page_is_open_can_be_picked(
         d.page.wait_for_function("() => window.voiceagentDemo.state().voice === 'carol'")
         i = speak(d.page, "Hi.")
         assert wait_turn(d.page, i, ("done",))["voice"] == "carol"
-        assert not d.page_errors
-    finally:
-        context.close()
