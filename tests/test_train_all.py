@@ -26,7 +26,7 @@ def timed(out: str) -> list[str]:
 
 
 def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
-    tmp_path: Path, piper: teacher.Piper, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, piper: teacher.Piper, capfd: pytest.CaptureFixture[str]
 ) -> None:
     work, voice = tmp_path / "work", tmp_path / "voice"
     command = ["train", "all", "--out", str(work), "--to", str(voice)]
@@ -34,7 +34,7 @@ def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
     command += ["--budget-min", "0.15", "--sentences", "0"]
 
     assert main(command) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     assert timed(out) == list(STAGES), out
     assert "check: no sentences to hear (skipped)" in out
     first = json.loads((voice / "TRAINED").read_text())["steps"]
@@ -45,7 +45,7 @@ def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
     # Again: the data is kept and the parts train on, each for its own budget where
     # it has one (here the LM none at all) and for --budget-min where not.
     assert main([*command, "--lm-min", "0"]) == 0
-    out = capsys.readouterr().out
+    out = capfd.readouterr().out
     for stage in ("corpus", "teacher", "feats", "tokens"):
         assert re.search(rf"^{stage}: .*\(skipped\)$", out, re.MULTILINE), out
     again = json.loads((voice / "TRAINED").read_text())["steps"]
@@ -53,11 +53,15 @@ def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
     assert again["flow"] > first["flow"] and again["vocoder"] > first["vocoder"], (first, again)
 
     # Step targets instead of minutes: each part trains up to its own step, or up to
-    # --until-step, with no time limit; a part already there trains no more.
+    # --until-step, with no time limit; a part already there trains no more. Side by
+    # side, the flow and the vocoder train in a second process (their lines are its)
+    # while the LM trains, and the export waits for both.
     stepped = [a for a in command if a not in ("--budget-min", "0.15")]
     stepped += ["--until-step", str(again["flow"]), "--lm-until-step", str(again["lm"] + 2)]
-    stepped += ["--vocoder-until-step", str(again["vocoder"] + 1)]
+    stepped += ["--vocoder-until-step", str(again["vocoder"] + 1), "--side-by-side"]
     assert main(stepped) == 0
-    capsys.readouterr()
+    ran = timed(capfd.readouterr().out)
+    assert sorted(ran) == sorted(STAGES), ran
+    assert ran.index("export") > max(ran.index(p) for p in ("lm", "flow", "vocoder")), ran
     last = json.loads((voice / "TRAINED").read_text())["steps"]
     assert last == {"lm": again["lm"] + 2, "flow": again["flow"], "vocoder": again["vocoder"] + 1}

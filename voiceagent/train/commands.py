@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from . import (
+    beside,
     check,
     corpus,
     export,
@@ -458,6 +459,12 @@ def _all_flags(p: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"train the {part} up to its step N (default: --until-step)",
         )
+    p.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="train the flow and then the vocoder in a second process while the LM trains, "
+        "each with half of --threads (on two CPU cores: hours less in all)",
+    )
 
 
 def _all(work: Path, args: argparse.Namespace) -> int:
@@ -466,15 +473,35 @@ def _all(work: Path, args: argparse.Namespace) -> int:
     checkpoint."""
     if _device(args) is None:  # before hours of teacher speech, not after
         return 2
+    side: beside.SideRun | None = None
     for stage in STAGES[: [s.name for s in STAGES].index("check") + 1]:
-        own = getattr(args, f"{stage.name}_min", None)
-        budget = args.budget_min if own is None else own
-        own_until = getattr(args, f"{stage.name}_until_step", None)
-        until = args.until_step if own_until is None else own_until
-        stage_args = argparse.Namespace(**{**vars(args), "budget_min": budget, "until_step": until})
+        stage_args = _part_args(stage.name, args)
+        if args.side_by_side and stage.name in beside.PARTS:
+            continue  # trained by the second process
+        if args.side_by_side and stage.name == "lm":
+            stage_args.threads = max(1, args.threads // 2)
+            side = beside.SideRun(
+                [
+                    beside.part_argv(part, work, _part_args(part, args), stage_args.threads)
+                    for part in beside.PARTS
+                ]
+            )
+        if stage.name == "export" and side is not None and (code := side.wait()) != 0:
+            return code
         if (code := _timed(stage, work, stage_args)) != 0:
+            if side is not None:
+                side.wait()  # a failed LM leaves the other parts to finish their steps
             return code
     return 0
+
+
+def _part_args(name: str, args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the stage's own budget and step target (--lm-min ...) where it has them."""
+    own = getattr(args, f"{name}_min", None)
+    budget = args.budget_min if own is None else own
+    own_until = getattr(args, f"{name}_until_step", None)
+    until = args.until_step if own_until is None else own_until
+    return argparse.Namespace(**{**vars(args), "budget_min": budget, "until_step": until})
 
 
 STAGES = [

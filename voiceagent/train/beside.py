@@ -1,0 +1,58 @@
+"""`train all --side-by-side`: the flow, then the vocoder, train in a second process
+while the LM trains in the first.
+
+The three parts read only the data stages' output, never each other, so they need not
+wait for one another. On a CPU two small trainers with one thread each get more done
+than one trainer with two (these models are too small for torch's intra-op threads to
+keep both cores busy), and the LM takes about as long as the flow and the vocoder
+together, so the two processes end at about the same time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+PARTS = ("flow", "vocoder")  # what the second process trains, in this order
+
+
+def part_argv(part: str, work: Path, args: argparse.Namespace, threads: int) -> list[str]:
+    """The `voiceagent train PART` command line that trains `part` as `train all` would
+    with `args` (that part's own budget and step target already in them)."""
+    argv = ["train", part, "--out", str(work), "--threads", str(threads)]
+    argv += ["--device", str(args.device)]
+    if args.budget_min is not None:
+        argv += ["--budget-min", str(args.budget_min)]
+    if args.until_step is not None:
+        argv += ["--until-step", str(args.until_step)]
+    if part == "vocoder":
+        argv += ["--check", str(args.check)]
+    if args.background:
+        argv.append("--background")
+    return argv
+
+
+class SideRun:
+    """Runs `voiceagent train ...` command lines one after another in child processes
+    (their output goes where this process's goes); stops at the first that fails."""
+
+    def __init__(self, argvs: list[list[str]]) -> None:
+        self.code = 0
+        self._thread = threading.Thread(target=self._run, args=(argvs,), daemon=True)
+        self._thread.start()
+
+    def _run(self, argvs: list[list[str]]) -> None:
+        for argv in argvs:
+            sys.stdout.flush()  # our lines before the child's, where both share a file
+            done = subprocess.run([sys.executable, "-m", "voiceagent.cli", *argv], check=False)
+            if done.returncode != 0:
+                self.code = done.returncode
+                return
+
+    def wait(self) -> int:
+        """The first failing command's exit code, or 0 once all have succeeded."""
+        self._thread.join()
+        return self.code
