@@ -15,7 +15,7 @@ import pytest
 
 from voiceagent.cli import main
 from voiceagent.model.checkpoint import load
-from voiceagent.train import teacher
+from voiceagent.train import beside, teacher
 
 STAGES = ("corpus", "teacher", "feats", "tokens", "lm", "flow", "vocoder", "export", "check", "all")
 
@@ -65,3 +65,16 @@ def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
     assert ran.index("export") > max(ran.index(p) for p in ("lm", "flow", "vocoder")), ran
     last = json.loads((voice / "TRAINED").read_text())["steps"]
     assert last == {"lm": again["lm"] + 2, "flow": again["flow"], "vocoder": again["vocoder"] + 1}
+
+
+def test_the_second_process_stops_at_its_first_failure_and_then_frees_its_threads(
+    tmp_path: Path,
+) -> None:
+    after = tmp_path / "after"
+    run = beside.SideRun(
+        [["--help"], ["train", "no-such-stage"], ["train", "corpus", "--out", str(after)]],
+        threads=(1, 2),
+    )
+    assert run.wait() == 2  # argparse's code for the unknown stage
+    assert not after.exists(), "a command after the failed one ran"
+    assert run.done() and run.threads() == 2

@@ -255,6 +255,26 @@ def test_a_resumed_checkpoint_continues_at_the_same_step_with_the_same_weights(w
     assert la == pytest.approx(lb, rel=1e-5)
 
 
+def test_threads_given_as_a_function_are_asked_again_between_steps(work) -> None:
+    """`train all --side-by-side`: the LM trains on half the threads while the flow and
+    the vocoder train beside it, and on all of them from the step after they are done."""
+    asked: list[int] = []
+    said: list[str] = []
+
+    def threads() -> int:
+        asked.append(torch.get_num_threads())
+        return 1 if len(asked) < 3 else 2
+
+    hyper = Hyper(batch_positions=400, warmup=2, checkpoint_s=60.0)
+    before = torch.get_num_threads()
+    try:
+        lm_train.train(work, 60.0, SMALL, hyper, threads, 40, said.append, max_steps=4)
+        assert asked[:4] == [before, 1, 1, 2], asked  # set at the start, then per step
+        assert "lm: 2 threads from step 1" in said, said  # after one step on 1
+    finally:
+        torch.set_num_threads(before)
+
+
 # -- the anneal ------------------------------------------------------------------------------
 
 

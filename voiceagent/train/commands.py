@@ -295,7 +295,7 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
     lm_train.train(
         work,
         _budget_s(args),
-        threads=args.threads,
+        threads=getattr(args, "threads_now", None) or args.threads,
         max_steps=args.until_step,
         lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
         lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
@@ -479,13 +479,10 @@ def _all(work: Path, args: argparse.Namespace) -> int:
         if args.side_by_side and stage.name in beside.PARTS:
             continue  # trained by the second process
         if args.side_by_side and stage.name == "lm":
-            stage_args.threads = max(1, args.threads // 2)
-            side = beside.SideRun(
-                [
-                    beside.part_argv(part, work, _part_args(part, args), stage_args.threads)
-                    for part in beside.PARTS
-                ]
-            )
+            half = max(1, args.threads // 2)
+            argvs = [beside.part_argv(p, work, _part_args(p, args), half) for p in beside.PARTS]
+            side = beside.SideRun(argvs, threads=(half, args.threads))
+            stage_args.threads_now = side.threads
         if stage.name == "export" and side is not None and (code := side.wait()) != 0:
             return code
         if (code := _timed(stage, work, stage_args)) != 0:

@@ -47,7 +47,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -668,7 +668,7 @@ def train(
     budget_s: float,
     sizes: dict[str, int] | None = None,
     hyper: Hyper | None = None,
-    threads: int = 1,
+    threads: int | Callable[[], int] = 1,
     merges: int = MERGES,
     say: Any = print,
     max_steps: int | None = None,
@@ -687,9 +687,11 @@ def train(
     each of ours inherits its parent's rows, `inherit.py`). `anneal` steps end the
     training of a trained LM with a falling learning rate (`Hyper.anneal_steps`); the LM
     before them is kept in `before_anneal_path`. `device`: where it trains (default the
-    CPU; `update.train_device`); checkpoints load anywhere."""
+    CPU; `update.train_device`); checkpoints load anywhere. `threads`: torch's threads,
+    or a function asked again between steps (`train all --side-by-side`: all of them
+    once the flow and the vocoder are trained)."""
     wall0 = time.monotonic()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads() if callable(threads) else threads)
     sizes = sizes or VOICE
     out = lm_dir(work)
     out.mkdir(parents=True, exist_ok=True)
@@ -776,6 +778,9 @@ def train(
     while time.monotonic() - wall0 + reserve + dt < budget_s:
         if max_steps is not None and tr.step >= max_steps:
             break
+        if callable(threads) and (n := threads()) != torch.get_num_threads():
+            torch.set_num_threads(n)
+            say(f"lm: {n} threads from step {tr.step}")
         t0 = time.monotonic()
         window.append(tr.train_step(next(batches)))
         priors.append(tr.last_prior)
