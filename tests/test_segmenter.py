@@ -1,5 +1,9 @@
 """The segmenter starts synthesis early and never cuts inside numbers or words."""
 
+import time
+
+import pytest
+
 from voiceagent.text.segmenter import Segmenter, SegmenterConfig
 
 
@@ -82,3 +86,81 @@ def test_the_comma_of_a_date_or_a_number_pair_is_not_a_clause():
     assert out[0] == "We opened on July 13th, 1955 in Chicago,"
     deltas = ["We opened on July 13th,", " ", "1955 in Chicago, and never closed."]
     assert feed(deltas) == out
+
+
+# -- what an outside audit saw (2026-12-05) ---------------------------------------------------
+
+
+def test_a_long_message_of_abbreviations_is_cut_in_linear_time():
+    # What was seen: `speak` with "Mr. " * 5000 (20,000 characters, within the limits)
+    # held the event loop for 17.7 s of CPU: each kept full stop split the whole buffer
+    # again. Measured in CPU time (not wall time), with a bound 20 times the need.
+    start = time.process_time()
+    out = feed(["Mr. " * 5000])
+    assert time.process_time() - start < 2.0
+    assert all(len(s) <= 200 for s in out)
+    assert " ".join(out).split() == ["Mr."] * 5000
+
+
+def test_a_sentence_over_the_limit_is_cut_alike_whole_or_streamed_and_not_in_a_reading():
+    # What was seen: whole, a 230-character sentence stayed one segment; streamed in
+    # 4-character deltas it was cut at the last space before 200, inside "March 3, 2024"
+    # ("March third," | "two thousand twenty-four").
+    text = (
+        "Sure. Your appointment with the billing department about the late fee on your "
+        "account, which our records show was charged by mistake after the payment "
+        "you made on March 3, 2024 through the automatic payments portal, is confirmed."
+    )
+    assert len(text) > 200 + len("Sure. ")
+    whole = feed([text])
+    assert feed([text[i : i + 4] for i in range(0, len(text), 4)]) == whole
+    assert all(len(s) <= 200 for s in whole) and " ".join(whole) == text
+    assert whole[1].endswith("account,")  # the last clause mark before the limit
+
+
+def test_without_a_clause_mark_a_forced_cut_keeps_numbers_with_their_words():
+    words = ["word"] * 40 + ["on", "March", "3,", "2024", "at", "noon."]
+    text = " ".join(words)
+    out = Segmenter(SegmenterConfig(max_chars=len(text) - 8)).push(text)
+    assert out and not out[0].endswith(("March", "3,", "2024")), out
+
+
+def test_a_pending_abbreviation_does_not_lift_the_length_limit():
+    # What was seen: "a" * 250 + " e.g. " waited for the word after "e.g." and gave one
+    # 255-character segment; 5,000 digits that way failed the turn in the normalizer.
+    seg = Segmenter()
+    out = seg.push("a" * 250 + " e.g. ")
+    assert out and all(len(s) <= 200 for s in out + seg.flush())
+
+
+def test_a_closing_quote_or_bracket_after_a_full_stop_still_ends_the_sentence():
+    # What was seen: these were each one segment, so the first audio waited for all.
+    assert feed(["Sure thing. “Your order shipped.” Then I checked again."]) == [
+        "Sure thing.",
+        "“Your order shipped.”",
+        "Then I checked again.",
+    ]
+    assert feed(["Good news (it shipped.) Then we waited."]) == [
+        "Good news (it shipped.)",
+        "Then we waited.",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Please call 1-800-555-0105 ext. 23 for help.",
+        "I live at 123 N. Main St. in Springfield.",
+        "Bring a document (e.g. a bill) with you.",
+        "Send it to P.O. Box 4521 in Dayton.",
+        "The U.S. Postal Service delivers it.",
+        "Ask Prof. Lee or Martin Jr. about it.",
+    ],
+)
+def test_an_abbreviation_inside_a_sentence_does_not_cut_it(text):
+    assert feed([text]) == [text]
+
+
+def test_a_spaced_ellipsis_stays_with_its_sentence():
+    # What was seen: "Hmm.", ".", "." — one LM request for each lone full stop.
+    assert feed(["Hmm. . . let me check. Okay."]) == ["Hmm. . .", "let me check.", "Okay."]

@@ -18,14 +18,19 @@ SENTENCE_END = ".!?;…"
 CJK_SENTENCE_END = "。！？；\n"  # marks that end a sentence without a following space
 CLAUSE = ",:—"
 CJK_CLAUSE = "，、："
-# Words whose full stop is an abbreviation's, never a sentence's: a name, a day or a
-# number follows them.
+CLOSERS = "\"'”’»)]}*_"  # may stand between a mark and the space that makes it a cut
+# Words whose full stop is an abbreviation's, never a sentence's: a name, a number or
+# the rest of an address follows them (a sentence that does end there is cut later).
 ABBREVIATIONS = frozenset(
-    {"Mr", "Mrs", "Ms", "Dr", "St", "Apt", "Ste", "No", "vs"}
+    {"Mr", "Mrs", "Ms", "Dr", "St", "Apt", "Ste", "No", "vs", "ext", "Prof", "Jr", "Sr"}
+    | {"approx", "Fig", "vol", "Ave", "Blvd", "Rd", "Ln", "Ct", "N", "S", "E", "W"}
     | {"Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"}
 )
 # "p.m", "e.g", "U.S": an initialism before its last full stop
 _INITIALISM = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
+# initialisms that name something, so a capital after them goes on with the name
+_NAMING_INITIALISMS = frozenset({"P.O", "U.S", "U.K", "D.C"})
+_OPENERS = "(\"'“‘«[{"
 
 
 @dataclass(frozen=True)
@@ -60,38 +65,85 @@ class Segmenter:
         return [seg] if seg else []
 
     def _find_cut(self) -> int | None:
+        """Where the next segment ends, or None until more text decides it. Only the
+        first `max_chars` characters are read (the rest may be a whole message), so
+        whole and streamed text are cut alike and a cut costs the same however much
+        is buffered."""
         buf, cfg = self._buf, self.config
-        marks = SENTENCE_END + (CLAUSE if self._emitted == 0 else "")
-        cjk = CJK_SENTENCE_END + (CJK_CLAUSE if self._emitted == 0 else "")
-        for i, ch in enumerate(buf):
-            is_clause = ch in CLAUSE or ch in CJK_CLAUSE
-            if is_clause and len(buf[: i + 1].strip()) < cfg.first_min_chars:
-                continue
-            if ch in cjk:
+        lead = len(buf) - len(buf.lstrip())
+        window = min(len(buf), lead + cfg.max_chars)
+        first = self._emitted == 0
+        for i in range(lead, window):
+            ch = buf[i]
+            long_enough = i + 1 - lead >= cfg.first_min_chars
+            if ch in CJK_SENTENCE_END or (first and ch in CJK_CLAUSE and long_enough):
                 return i + 1
-            if ch in marks and i + 1 < len(buf) and buf[i + 1].isspace():
-                keep = _joins_next(buf, i)
+            if ch in SENTENCE_END or (first and ch in CLAUSE and long_enough):
+                end = _past(buf, i + 1, CLOSERS)
+                if end == len(buf) or not buf[end].isspace():
+                    continue  # "3.5", "a.m", or the next character is not here yet
+                keep = _joins_next(buf, i, end)
                 if keep is None:  # the next word decides: wait for it
                     return None
                 if not keep:
-                    return i + 1
-        if len(buf) > cfg.max_chars:
-            space = buf.rfind(" ", 0, cfg.max_chars)
-            return space + 1 if space > 0 else cfg.max_chars
+                    return end
+        if len(buf) - lead > cfg.max_chars:
+            return _forced_cut(buf, lead, window)
         return None
 
 
-def _joins_next(buf: str, i: int) -> bool | None:
-    """Whether the mark at `i` (a space follows) belongs to what comes after it, so that
-    no cut may fall there; None until the next word's first character is known."""
-    ch, word = buf[i], buf[:i].split()[-1] if buf[:i].split() else ""
-    if ch == "." and word.lstrip("(\"'") in ABBREVIATIONS:
+def _past(buf: str, i: int, chars: str) -> int:
+    """The index of the first character from `i` on that is not in `chars`."""
+    while i < len(buf) and buf[i] in chars:
+        i += 1
+    return i
+
+
+def _word_before(buf: str, i: int) -> str:
+    start = i
+    while start > 0 and not buf[start - 1].isspace():
+        start -= 1
+    return buf[start:i].lstrip(_OPENERS)
+
+
+def _joins_next(buf: str, i: int, end: int) -> bool | None:
+    """Whether the mark at `i` (whitespace at `end`) belongs to what comes after it, so
+    that no cut may fall there; None until the next word's first character is known."""
+    ch, word = buf[i], _word_before(buf, i)
+    if ch == "." and word in ABBREVIATIONS:
         return True
-    initialism = ch == "." and _INITIALISM.fullmatch(word) is not None
-    if initialism or (ch == "," and any(c.isdigit() for c in word)):
-        rest = buf[i + 1 :].lstrip()
-        if not rest:
-            return None
-        # an initialism ends a sentence before a capital; a number's comma joins a number
-        return not rest[0].isupper() if initialism else rest[0].isdigit()
+    nxt = end
+    while nxt < len(buf) and buf[nxt].isspace():
+        nxt += 1
+    if nxt == len(buf):
+        return None
+    follows = buf[nxt]
+    if ch in SENTENCE_END and follows in SENTENCE_END:
+        return True  # a spaced ellipsis ". . ." ends where its last mark does
+    if ch == "." and _INITIALISM.fullmatch(word):
+        # an initialism ends a sentence before a capital, unless it names something
+        return not follows.isupper() or word in _NAMING_INITIALISMS
+    if ch == ",":
+        return any(c.isdigit() for c in word) and follows.isdigit()  # a number's comma
     return False
+
+
+def _forced_cut(buf: str, lead: int, window: int) -> int:
+    """A cut in a text that reached `max_chars` without one: after the last clause mark
+    in it, else at the last space with no digit on either side (so that "March 3, 2024"
+    and "(332) 555-0163" stay whole), else at the last space, else at the limit."""
+    spaces = [k for k in range(window - 1, lead, -1) if buf[k].isspace()]
+    for k in spaces:
+        if buf[k - 1] in CLAUSE + ";" and not _joins_next(buf, k - 1, k):
+            return k + 1
+    for k in spaces:
+        if not any(c.isdigit() for c in _word_before(buf, k) + _word_after(buf, k + 1)):
+            return k + 1
+    return spaces[0] + 1 if spaces else window
+
+
+def _word_after(buf: str, i: int) -> str:
+    end = i
+    while end < len(buf) and not buf[end].isspace():
+        end += 1
+    return buf[i:end]
