@@ -5,6 +5,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from voiceagent.text import english
 from voiceagent.text.normalize import chinese_number, english_number, english_ordinal, normalize
@@ -203,11 +205,75 @@ def test_english_is_read_the_way_an_agent_says_it(written, said):
         ("CALL NOW FOR A FREE QUOTE.", "CALL NOW FOR A FREE QUOTE."),
         ("World War II and Henry VIII.", "World War II and Henry VIII."),
         ("He said OK and I am fine.", "He said OK and I am fine."),
-        ("Half is 1/2, pages 100-120.", "Half is one/two, pages one hundred-one hundred twenty."),
+        (
+            "Half is 1/2, pages 100-120.",
+            "Half is one half, pages one hundred to one hundred twenty.",
+        ),
+        ("The score was 3-2.", "The score was three-two."),
     ],
 )
 def test_ordinary_numbers_and_words_keep_their_readings(written, said):
     assert normalize(written, "en") == said
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # What an outside audit saw (2026-12-05), each the reading before in a comment.
+        # A debit read as a credit: "-forty-five dollars and twenty cents".
+        ("Your balance is -$45.20.", "Your balance is minus forty-five dollars and twenty cents."),
+        ("It was $-45.20 then.", "It was minus forty-five dollars and twenty cents then."),
+        ("A change of -2% today.", "A change of minus two percent today."),
+        ("It is −5 degrees.", "It is minus five degrees."),
+        # a range read as a phone number: "five zero zero, one zero zero zero dollars"
+        ("Prices range 500-1000 dollars.", "Prices range five hundred to one thousand dollars."),
+        ("Take 3-5 days off.", "Take three to five days off."),
+        ("Call 555-1234 today.", "Call five five five, one two three four today."),
+        # digits glued to letters: "jsmithforty-two at gmail.com", "fivekg"
+        (
+            "Write to jsmith42@gmail.com today.",
+            "Write to jsmith four two at gmail dot com today.",
+        ),
+        (
+            "Go to https://www.acme-bank.com/help now.",
+            "Go to w w w dot acme dash bank dot com slash help now.",
+        ),
+        ("It weighs 5kg.", "It weighs five kg."),
+        ("Update to v3.2 first.", "Update to v three point two first."),
+        # dates in more forms: "two thousand twenty-four-three-fifteen", "Jan fifteen"
+        ("It is due on 2024-03-15.", "It is due on March fifteenth, twenty twenty-four."),
+        ("It is due on 3/15/24.", "It is due on March fifteenth, twenty twenty-four."),
+        ("It is due Jan 15 at noon.", "It is due January fifteenth at noon."),
+        # amounts with a scale or no dollars: "one dollar and fifty cents million"
+        ("They raised $1.5 million.", "They raised one point five million dollars."),
+        ("A $5k deposit.", "A five thousand dollars deposit."),
+        ("It costs $0.50 each.", "It costs fifty cents each."),
+        ("It costs $.99 each.", "It costs ninety-nine cents each."),
+        ("Gas is $3.999 a gallon.", "Gas is three point nine nine nine dollars a gallon."),
+        # huge numbers: "one million trillion trillion"; 5,000 digits raised ValueError
+        (
+            "It is 1000000000000000000000000000000.",
+            "It is " + " ".join(["one"] + ["zero"] * 30) + ".",
+        ),
+        ("Press # to repeat or * to go back.", "Press pound to repeat or star to go back."),
+        ("We are open 24/7.", "We are open twenty-four seven."),
+        # grouped digits read as amounts: "one hundred twenty-three-forty-five-six thousand..."
+        ("My SSN is 123-45-6789.", "My S S N is one two three, four five, six seven eight nine."),
+        ("ZIP 94105-1234.", "ZIP nine four one zero five, one two three four."),
+        (
+            "Card 4111 1111 1111 1111.",
+            "Card four one one one, one one one one, one one one one, one one one one.",
+        ),
+        ("It is 5 * 3.", "It is five times three."),
+    ],
+)
+def test_what_an_audit_heard_misread_is_read_right(written, said):
+    assert normalize(written, "en") == said
+
+
+def test_thousands_of_digits_are_read_digit_by_digit_without_raising():
+    said = normalize("9" * 5000 + " and " + "1" + "0" * 5000, "en")
+    assert said.split().count("nine") == 5000 and said.split().count("zero") == 5000
 
 
 def test_a_spoken_form_is_left_as_it_is():
@@ -251,3 +317,15 @@ def test_the_reading_rules_are_one_implementation_for_server_and_corpus():
                 assert "train" not in module.split("."), f"{path.name} imports {module}"
     for name in ("digits", "spell", "year", "house_number"):
         assert getattr(spoken, name) is getattr(english, name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from([*"0123456789$€£%-−/.,:*#@ aAkMB\n", "9" * 40, " million", "Jan ", "www."]),
+        max_size=80,
+    ).map("".join)
+)
+def test_any_mix_of_digits_and_symbols_is_read_without_raising(text):
+    said = normalize(text, "en")
+    assert not any(c.isdigit() for c in said), (text, said)

@@ -1,8 +1,11 @@
 """The segmenter starts synthesis early and never cuts inside numbers or words."""
 
+import itertools
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from voiceagent.text.segmenter import Segmenter, SegmenterConfig
 
@@ -164,3 +167,25 @@ def test_an_abbreviation_inside_a_sentence_does_not_cut_it(text):
 def test_a_spaced_ellipsis_stays_with_its_sentence():
     # What was seen: "Hmm.", ".", "." — one LM request for each lone full stop.
     assert feed(["Hmm. . . let me check. Okay."]) == ["Hmm. . .", "let me check.", "Okay."]
+
+
+PIECES = [
+    *"abAB019 .,;:!?…-$%()\"”'\n。",
+    " Dr. ",
+    " e.g. ",
+    "3.5",
+    "Hello there. ",
+    "a long run of words with no mark " * 3,
+]
+TEXTS = st.lists(st.sampled_from(PIECES), max_size=300).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=TEXTS, cuts=st.lists(st.integers(min_value=0, max_value=1200), max_size=20))
+def test_any_split_into_deltas_gives_the_segments_of_the_whole_text(text, cuts):
+    """protocol.md: how the text was split into deltas does not matter."""
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    deltas = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    whole = feed([text])
+    assert feed(deltas) == whole
+    assert all(len(s) <= 200 for s in whole)

@@ -32,9 +32,9 @@ _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
 
 # -- English: the patterns, in the order normalize_english applies them ------------------
 
-_MONTH = rf"(?:{'|'.join(en.MONTHS)}|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.)"
+_MONTH = rf"(?:{'|'.join(en.MONTHS)}|(?:Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)\.?)"
 _MONTHS = {m[:3]: m for m in en.MONTHS}
-_MONTH_SHORT = re.compile(r"\b(Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Oct|Nov|Dec)t?\.")
+_MONTH_SHORT = re.compile(r"\b(Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sep|Oct|Nov|Dec)t?(?:\.|\b)")
 _STREET_TYPES = {
     "Street": "Street", "St": "Street", "Avenue": "Avenue", "Ave": "Avenue",
     "Road": "Road", "Rd": "Road", "Drive": "Drive", "Dr": "Drive", "Lane": "Lane",
@@ -89,6 +89,42 @@ _CAPS = re.compile(r"(?<![\w'])([A-Z]{3,}|[A-Z]{2,}(?=s))(s?)(?![\w'])")
 _CAPS_BEFORE = re.compile(r"\b[A-Z]{2,}[,;:]?\s+$")
 _CAPS_AFTER = re.compile(r"^[,;:]?\s+[A-Z]{2,}\b")
 _DIGIT_STRING = re.compile(r"(?<![\w.,$€£-])(\d{5,}|0\d+)(?![\w%]|[.,]\d)")
+_MAX_CARDINAL = 15  # digits: a longer number is read digit by digit (and never int()-ed)
+# $5, -$45.20, $-45.20, $.99, $1,250.50, $1.5 million, $2.5B, $5k
+_AMOUNT = re.compile(
+    r"(?<![\w.])([-−])?([$€£])([-−])?(\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?:\.(\d+))?"
+    r"(?:\s?(thousand|million|billion|trillion)\b|([kKmMbB])\b)?"
+)
+_SCALE_LETTERS = {"k": "thousand", "m": "million", "b": "billion"}
+_EMAIL = re.compile(r"(?<![\w.+-])([A-Za-z0-9][\w.+-]*)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)")
+_URL = re.compile(
+    r"(?<![\w@/.-])(?:https?://)?((?:www\.)?[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*"
+    r"\.(?:com|org|net|gov|edu|io|co|us|info|ai|app|biz))\b(/[\w/.-]*[\w/])?"
+)
+_SAID_SYMBOLS = {".": "dot", "_": "underscore", "+": "plus", "-": "dash", "/": "slash"}
+_ISO_DATE = re.compile(r"(?<![\w/.-])(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w/-])")
+_SHORT_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d\d)(?![\w/])")
+# 3-5, 500-1000, 2019-2020; a first number above the second is a score (3-2), kept
+_RANGE = re.compile(r"(?<![\w.,:$€£/-])(\d{1,4})\s?[-–]\s?(\d{1,4})(?![\w/:-]|[.,]\d)")
+_RANGE_WORDS = re.compile(r"(?i:\b(?:range[sd]?|ranging|from|between|pages?|ages?|aged)\b)")
+_MINUS = re.compile(r"(?<![\w.,:)\]/-])[-−](?=\d)")
+_FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds"}
+_FRACTIONS |= {"1/4": "one quarter", "3/4": "three quarters", "24/7": "twenty-four seven"}
+_FRACTION = re.compile(rf"(?<![\w/.])({'|'.join(_FRACTIONS)})(?![\w/])")
+# 123-45-6789, 94105-1234, 4111 1111 1111 1111: groups of digits, each read digit by digit
+_DIGIT_GROUPS = re.compile(
+    r"(?<![\w.,-])(?:\d+(?:-\d+){2,}|\d{5}-\d{4}|\d{4}(?: \d{4}){2,3})(?![\w-]|[.,]\d)"
+)
+_TIMES = re.compile(r"(?<=\d) ?[*×] ?(?=\d)")
+_KEYS = re.compile(r"(?<![\w#*])#(?![\w#*])|(?<=\S\s)\*(?=[\s.,;!?]|$)")  # a phone's keys
+_GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmith42
+
+
+def _number(written: str) -> str:
+    """A cardinal from its digits (commas allowed); past _MAX_CARDINAL digits, digit by
+    digit (a 5,000-digit string is no amount, and int() refuses it)."""
+    plain = written.replace(",", "")
+    return en.digits(plain) if len(plain) > _MAX_CARDINAL else en.number(int(plain))
 
 
 def _keep_stop(m: re.Match[str], dot: int) -> str:
@@ -101,18 +137,55 @@ def _keep_stop(m: re.Match[str], dot: int) -> str:
 
 
 def _en_decimal(m: re.Match[str]) -> str:
-    whole, frac = m.group(1).replace(",", ""), m.group(2)
-    return f"{en.number(int(whole))} point {en.digits(frac)}"
+    return f"{_number(m.group(1))} point {en.digits(m.group(2))}"
 
 
 def _en_currency(m: re.Match[str]) -> str:
-    one, many, sub_one, sub_many = _CURRENCY[m.group(1)]
-    whole = int(m.group(2).replace(",", ""))
-    cents = int((m.group(3) or "0").ljust(2, "0")[:2])
-    words = f"{en.number(whole)} {one if whole == 1 else many}"
-    if cents:
-        words += f" and {en.number(cents)} {sub_one if cents == 1 else sub_many}"
-    return words
+    one, many, sub_one, sub_many = _CURRENCY[m[2]]
+    sign = "minus " if m[1] or m[3] else ""
+    whole, frac = (m[4] or "0").replace(",", ""), m[5] or ""
+    scale = m[6] or _SCALE_LETTERS.get((m[7] or "").lower())
+    if scale or len(frac) > 2 or len(whole) > _MAX_CARDINAL:  # $1.5 million, $3.999
+        point = f" point {en.digits(frac)}" if frac else ""
+        return f"{sign}{_number(whole)}{point}{' ' + scale if scale else ''} {many}"
+    dollars, cents = int(whole), int(frac.ljust(2, "0"))
+    cent_words = f"{en.number(cents)} {sub_one if cents == 1 else sub_many}"
+    if dollars == 0 and cents:
+        return sign + cent_words  # $0.50: 'fifty cents'
+    words = f"{en.number(dollars)} {one if dollars == 1 else many}"
+    return sign + words + (f" and {cent_words}" if cents else "")
+
+
+def _say_address(part: str) -> str:
+    """An email's or a web address's part: words as written, digits one by one, symbols
+    by name ('j.smith42' -> 'j dot smith four two')."""
+    pieces = re.findall(r"[A-Za-z]+|\d+|[._+/-]", part)
+    return " ".join(
+        _SAID_SYMBOLS.get(x) or (en.digits(x) if x.isdigit() else x.lower() if x == "www" else x)
+        for x in pieces
+    ).replace("www", "w w w")
+
+
+def _en_range(m: re.Match[str]) -> str:
+    low, high = m[1], m[2]
+    if int(low) >= int(high):
+        return m[0]  # a score, or a pair of codes
+    phone_like = len(low) == 3 and len(high) == 4 and m[0] == f"{low}-{high}"
+    if phone_like:  # 555-1234 is a number to dial unless what is around says 'range'
+        noun = re.match(r"\s+([a-z]+s)\b", m.string[m.end() :])
+        plural = noun is not None and noun[1] not in _NOT_A_NOUN
+        if not plural and not _RANGE_WORDS.search(m.string[max(0, m.start() - 30) : m.start()]):
+            return m[0]
+    if all(len(x) == 4 and re.fullmatch(_YEAR, x) for x in (low, high)):
+        return f"{en.year(int(low))} to {en.year(int(high))}"
+    return f"{en.number(int(low))} to {en.number(int(high))}"
+
+
+def _en_short_date(m: re.Match[str]) -> str:
+    """3/15/24 -> 'March fifteenth, twenty twenty-four' (a two-digit year past 50 is in
+    the 1900s)."""
+    yy = int(m[3])
+    return en.date(int(m[1]), int(m[2]), (1900 if yy > 50 else 2000) + yy)
 
 
 def _en_address(m: re.Match[str]) -> str:
@@ -198,7 +271,8 @@ def _en_code(m: re.Match[str]) -> str:
 
 def _en_digit_string(m: re.Match[str]) -> str:
     s = m.group(0)
-    if s[0] != "0" and int(s) % 1000 == 0:  # 10000 steps: a round number is a quantity
+    round_number = len(s) <= _MAX_CARDINAL and s[0] != "0" and int(s) % 1000 == 0
+    if round_number:  # 10000 steps: a round number is a quantity
         return s
     return en.digits(s)
 
@@ -221,14 +295,24 @@ def normalize_english(text: str) -> str:
     """Spell out English text the way a call-center agent reads it (docs/protocol.md,
     "language"): the rules are voiceagent/text/english.py's, also used by the training
     corpus."""
-    text = re.sub(r"([$€£])(\d[\d,]*)(?:\.(\d+))?", _en_currency, text)
+    text = _EMAIL.sub(lambda m: f"{_say_address(m[1])} at {_say_address(m[2])}", text)
+    text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
+    text = _AMOUNT.sub(_en_currency, text)
+    text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
+    text = _SHORT_DATE.sub(_en_short_date, text)
+    text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
     text = _ADDRESS.sub(_en_address, text)
     text = _TITLE.sub(_en_title, text)
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
     text = re.sub(r"\bNo\.\s?(?=\d)|#(?=\d)", "number ", text)
+    text = _TIMES.sub(" times ", text)
+    text = _KEYS.sub(lambda m: "pound" if m[0] == "#" else "star", text)
     text = _PHONE_E164.sub(lambda m: en.phone(m[1], m[2], m[3], "1"), text)
     text = _PHONE.sub(_en_phone, text)
+    text = _RANGE.sub(_en_range, text)
     text = _PHONE_LOCAL.sub(lambda m: en.phone("", m[1], m[2]), text)
+    text = _MINUS.sub("minus ", text)
+    text = _DIGIT_GROUPS.sub(lambda m: ", ".join(map(en.digits, re.split("[ -]", m[0]))), text)
     text = _MERIDIEM_TIME.sub(_en_meridiem, text)
     text = _TIME.sub(lambda m: en.clock(int(m[1]), int(m[2])), text)
     text = re.sub(r"\bext\.(?=\s*\d)", "extension", text)
@@ -245,13 +329,12 @@ def normalize_english(text: str) -> str:
     text = _CODE.sub(_en_code, text)
     text = _CAPS.sub(_en_caps, text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)%", lambda m: _en_decimal(m) + " percent", text)
-    text = re.sub(
-        r"(\d[\d,]*)%", lambda m: en.number(int(m[1].replace(",", ""))) + " percent", text
-    )
-    text = re.sub(r"\b(\d+)(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
+    text = re.sub(r"(\d[\d,]*)%", lambda m: _number(m[1]) + " percent", text)
+    text = re.sub(r"\b(\d{1,15})(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
+    text = _GLUED.sub(" ", text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)", _en_decimal, text)
     text = _DIGIT_STRING.sub(_en_digit_string, text)
-    text = re.sub(r"\d{1,3}(?:,\d{3})+|\d+", lambda m: en.number(int(m[0].replace(",", ""))), text)
+    text = re.sub(r"\d{1,3}(?:,\d{3})+|\d+", lambda m: _number(m[0]), text)
     for sym, words in _EN_SYMBOLS.items():
         text = text.replace(sym, words)
     return re.sub(r"  +", " ", text)
