@@ -186,6 +186,22 @@ def test_gain_scales_a_frame_at_encoding() -> None:
     assert np.frombuffer(enc.encode(frame, gain=0.25), "<i2").tolist() == [4096] * 480
 
 
+def test_a_gain_change_is_ramped_so_ducking_does_not_click() -> None:
+    # What was seen: the gain stepped from 1 to 0.25 at a frame edge, a jump of 0.363
+    # where a 180 Hz tone's largest step is 0.024 (15 times).
+    x = sine(180, SOURCE_RATE, 0.1, amp=0.5)
+    enc = Pcm16Encoder()
+    gains = [1.0, 1.0, 0.25, 0.25, 1.0]
+    frames = [x[k * 480 : (k + 1) * 480] for k in range(len(gains))]
+    pairs = zip(frames, gains, strict=True)
+    y = np.concatenate([np.frombuffer(enc.encode(f, g), "<i2") for f, g in pairs])
+    y = y.astype(np.float32) / 32767
+    natural = float(np.abs(np.diff(x)).max())
+    assert float(np.abs(np.diff(y)).max()) < 1.5 * natural
+    # the new gain holds once the ramp is over
+    np.testing.assert_allclose(y[3 * 480 : 4 * 480], 0.25 * x[3 * 480 : 4 * 480], atol=1e-4)
+
+
 def test_opus_clips_out_of_range_input_instead_of_wrapping() -> None:
     enc = OpusEncoder()
     packets = encode_all(enc, sine(440, SOURCE_RATE, 0.5, amp=3.0))

@@ -21,6 +21,7 @@ from .format import (
 )
 from .resample import Float32Array
 
+GAIN_RAMP_S = 0.005  # a gain change (ducking) is spread over this much of the next frame
 # libopus' lookahead for 48 kHz (2.5 ms + 4 ms); used if the ctl is unavailable.
 DEFAULT_OPUS_LOOKAHEAD = 312
 
@@ -37,6 +38,7 @@ class Encoder(ABC):
 
     codec: str
     sample_rate: int
+    _gain: float | None = None  # the last frame's gain (None: no frame yet)
 
     @property
     def tail_samples(self) -> int:
@@ -44,7 +46,15 @@ class Encoder(ABC):
         return 0
 
     def encode(self, frame: Float32Array, gain: float = 1.0) -> bytes:
-        return self._encode(frame if gain == 1.0 else (frame * gain).astype(np.float32))
+        """`frame` times `gain`; a gain that changed since the last frame is reached over
+        GAIN_RAMP_S (a step at a frame edge clicks: 15 times a tone's largest step)."""
+        last, self._gain = self._gain, gain
+        if last is None or last == gain:
+            return self._encode(frame if gain == 1.0 else (frame * gain).astype(np.float32))
+        ramp = min(frame.size, max(1, round(GAIN_RAMP_S * self.sample_rate)))
+        scale = np.full(frame.size, gain, np.float32)
+        scale[:ramp] = np.linspace(last, gain, ramp + 1, dtype=np.float32)[1:]
+        return self._encode((frame * scale).astype(np.float32))
 
     @abstractmethod
     def _encode(self, frame: Float32Array) -> bytes: ...
