@@ -887,6 +887,9 @@ def test_an_audiosocket_call_remembers_the_frames_of_its_last_turns_only() -> No
         def write(self, data: bytes) -> None:
             pass
 
+        async def drain(self) -> None:
+            pass
+
     async def go() -> AudioSocketTransport:
         info = CallInfo("audiosocket", "id", "id", "pcm16", 8000)
         transport = AudioSocketTransport(Writer(), info)  # type: ignore[arg-type]
@@ -898,6 +901,82 @@ def test_an_audiosocket_call_remembers_the_frames_of_its_last_turns_only() -> No
     transport = run(go())
     assert transport.sent_ms(KEPT_TURNS + 10) == 20 and transport.sent_ms(KEPT_TURNS) == 20
     assert len(transport._emitted) <= KEPT_TURNS + 1
+
+
+class AsteriskWriter:
+    """AudioSocket's writer as our side sees it: packets written, a drain that waits
+    while Asterisk is not reading, and a close."""
+
+    def __init__(self, reading: bool = True) -> None:
+        self.written = b""
+        self.reading = reading
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def drain(self) -> None:
+        if not self.reading:
+            await asyncio.Event().wait()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pcm(self) -> np.ndarray:
+        from voiceagent.telephony import audiosocket_frames as wire
+
+        packets = wire.AudioSocketDecoder().feed(self.written)
+        return np.concatenate([np.frombuffer(p.payload, "<i2") for p in packets]) / 32767
+
+
+def test_an_audiosocket_call_cut_while_playing_ends_on_a_fade_not_a_click() -> None:
+    # What was seen: a cancel jumped from mid-wave to silence (a click at each barge-in).
+    from voiceagent.protocol.actions import SendAudio
+    from voiceagent.telephony.audiosocket import AudioSocketTransport
+    from voiceagent.telephony.events import CallInfo
+
+    t = np.arange(160 * 8) / 8000
+    tone = np.rint(0.5 * 32767 * np.sin(2 * np.pi * 90 * t)).astype("<i2")
+    writer = AsteriskWriter()
+
+    async def go() -> None:
+        info = CallInfo("audiosocket", "id", "id", "pcm16", 8000)
+        transport = AudioSocketTransport(writer, info)  # type: ignore[arg-type]
+        for k in range(8):
+            await transport.send_audio(
+                SendAudio(1, k, 0, "pcm16", tone[k * 160 : (k + 1) * 160].tobytes())
+            )
+        await eventually(lambda: transport.sent_ms(1) >= 60, 10)
+        await transport.drop_turn(1)
+        await asyncio.sleep(0.1)
+        await transport.stop_sender()
+
+    run(go())
+    pcm = writer.pcm()
+    assert 4 * 160 <= pcm.size < 8 * 160  # what was heard, and one faded frame
+    assert np.abs(pcm[-80:]).max() == 0  # silent within 10 ms of the last frame's start
+    assert np.abs(np.diff(pcm)).max() < 1.5 * (0.5 * 2 * np.pi * 90 / 8000)  # the tone's step
+
+
+def test_asterisk_that_stops_reading_ends_the_audiosocket_call() -> None:
+    # What was seen (read in the code): packets were written without waiting for
+    # Asterisk, so one that stopped reading had them pile up here without bound.
+    from voiceagent.protocol.actions import SendAudio
+    from voiceagent.telephony.audiosocket import AudioSocketTransport
+    from voiceagent.telephony.events import CallInfo
+
+    writer = AsteriskWriter(reading=False)
+
+    async def go() -> None:
+        info = CallInfo("audiosocket", "id", "id", "pcm16", 8000)
+        transport = AudioSocketTransport(writer, info, send_timeout_s=0.2)  # type: ignore[arg-type]
+        for k in range(50):
+            await transport.send_audio(SendAudio(1, k, 0, "pcm16", bytes(320)))
+        await eventually(lambda: writer.closed, 10)
+        await transport.stop_sender()
+        assert writer.written and transport.sent_ms(1) == 0  # written, never taken: unheard
+
+    run(go())
 
 
 class StuckSocket:

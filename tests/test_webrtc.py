@@ -262,6 +262,27 @@ def test_session_limit_is_shared_with_websocket_sessions(make_server):
 # -- the outbound track on its own ----------------------------------------------------------
 
 
+def test_a_turn_cut_while_playing_ends_on_a_fade_not_a_click():
+    # What was seen: the last sample heard was -0.479, the next 0.000 (a tone's largest
+    # step is 0.012): a click at every cancel and barge-in.
+    async def go() -> np.ndarray:
+        track = OutboundAudioTrack(max_frames=16)
+        t = np.arange(960 * 8) / 48000
+        tone = np.rint(0.5 * 32767 * np.sin(2 * np.pi * 90 * t)).astype("<i2")
+        for k in range(8):
+            await track.put(1, tone[k * 960 : (k + 1) * 960].tobytes())
+        heard = [await track.recv() for _ in range(3)]
+        track.drop_turn(1)
+        heard += [await track.recv() for _ in range(2)]
+        track.stop()
+        return np.concatenate([f.to_ndarray().reshape(-1) for f in heard]) / 32767
+
+    pcm = run(go())
+    assert np.abs(pcm[3 * 960 :]).max() > 0.1  # the next frame was heard, fading
+    assert np.abs(pcm[3 * 960 + 480 :]).max() == 0  # ...and gone within 10 ms
+    assert np.abs(np.diff(pcm)).max() < 1.5 * (0.5 * 2 * np.pi * 90 / 48000)  # the tone's step
+
+
 def test_track_paces_frames_and_never_rewinds_pts():
     async def go() -> None:
         syncs: list[tuple[int, int]] = []

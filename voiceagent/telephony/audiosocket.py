@@ -17,6 +17,7 @@ import time
 from collections import deque
 from collections.abc import AsyncGenerator
 
+from ..audio.fade import fade_out
 from ..audio.format import FRAME_MS
 from ..protocol.errors import ErrorCode
 from ..protocol.session import SendAudio
@@ -33,9 +34,12 @@ KEPT_TURNS = 16  # turns whose frames written are remembered (turns play one by 
 
 
 class AudioSocketTransport(CallTransport):
-    def __init__(self, writer: asyncio.StreamWriter, info: CallInfo) -> None:
+    def __init__(
+        self, writer: asyncio.StreamWriter, info: CallInfo, send_timeout_s: float = 10.0
+    ) -> None:
         super().__init__(info)
         self.writer = writer
+        self.send_timeout_s = send_timeout_s
         self._queue: deque[tuple[int, bytes]] = deque()
         self._emitted: dict[int, int] = {}  # frames of each turn written to Asterisk
         self._ready = asyncio.Event()
@@ -46,7 +50,11 @@ class AudioSocketTransport(CallTransport):
         self._ready.set()
 
     async def drop_turn(self, num: int) -> None:
-        self._queue = deque(item for item in self._queue if item[0] != num)
+        kept = deque(item for item in self._queue if item[0] != num)
+        if self._queue and self._queue[0][0] == num and self._emitted.get(num):
+            # it is playing: its next frame fades out instead of a step to silence
+            kept.appendleft((num, fade_out(self._queue[0][1], self.info.sample_rate)))
+        self._queue = kept
 
     def sent_ms(self, num: int) -> int | None:
         return self._emitted.get(num, 0) * FRAME_MS
@@ -61,6 +69,7 @@ class AudioSocketTransport(CallTransport):
                 while self._queue:
                     num, payload = self._queue.popleft()
                     self.writer.write(wire.encode_audio(payload, self.info.sample_rate))
+                    await self._drain()
                     if num not in self._emitted:  # a new turn: forget the long-finished ones
                         for old in [n for n in self._emitted if n < num - KEPT_TURNS]:
                             del self._emitted[old]
@@ -68,6 +77,17 @@ class AudioSocketTransport(CallTransport):
                     k += 1
                     await asyncio.sleep(max(0.0, start + k * period - time.monotonic()))
                 self._ready.clear()
+
+    async def _drain(self) -> None:
+        """Wait while Asterisk is behind; one that stops reading for send_timeout_s ends
+        the call (its frames would pile up here, counted as heard)."""
+        try:
+            async with asyncio.timeout(self.send_timeout_s):
+                await self.writer.drain()
+        except TimeoutError:
+            log.warning("call %s: Asterisk stopped reading; ending the call", self.info.call_id)
+            self.writer.close()
+            raise ConnectionError("Asterisk stopped reading") from None
 
     async def hangup(self) -> None:
         with contextlib.suppress(Exception):
@@ -170,7 +190,7 @@ async def handle_audiosocket(
     info = CallInfo(
         "audiosocket", public_id, public_id, "pcm16", first_audio.sample_rate, {"token": call_id}
     )
-    transport = AudioSocketTransport(writer, info)
+    transport = AudioSocketTransport(writer, info, host.guard.send_timeout_s)
     try:
         await run_call(host, transport, _events(packets, first_audio))
     except CallRefused as refused:

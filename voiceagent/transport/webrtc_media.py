@@ -18,6 +18,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
+from ..audio.fade import fade_out
 from ..audio.format import FRAME_MS, OPUS_RATE, frame_samples
 
 RATE = OPUS_RATE
@@ -73,9 +74,13 @@ class OutboundAudioTrack(MediaStreamTrack):
         self._queue.append((turn, pcm))
 
     def drop_turn(self, turn: int) -> int:
-        """Discard the queued frames of a cancelled turn; return how many were dropped."""
+        """Discard the queued frames of a cancelled turn; return how many were dropped. A
+        turn that is playing ends on its next frame faded out (`audio.fade`)."""
         before = len(self._queue)
-        self._queue = deque(item for item in self._queue if item[0] != turn)
+        kept = deque(item for item in self._queue if item[0] != turn)
+        if self._queue and self._queue[0][0] == turn and self.played.get(turn):
+            kept.appendleft((turn, fade_out(self._queue[0][1], RATE)))
+        self._queue = kept
         self._space.set()
         return before - len(self._queue)
 
