@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
 import tracemalloc
+import wave
 
 import av
 import httpx
@@ -166,6 +168,22 @@ def test_a_whole_file_is_not_held_in_memory_while_it_is_made(server):
     assert r.status_code == 200 and r.headers["content-length"] == str(size)
     assert size > 2 << 20, size  # enough to tell
     assert peak < size / 2, (peak, size)
+
+
+def test_a_whole_file_says_its_length_in_its_header(server):
+    # What was seen: with `stream: false` the WAV's RIFF and data sizes were 0xFFFFFFFF
+    # ("unknown", as a stream's must be) and Python's wave read 2,147,483,647 frames;
+    # the FLAC's STREAMINFO said 0 samples.
+    body = {"text": TEXT, "voice": "agent", "stream": False}
+    wav = httpx.post(f"{server.http}/v1/tts", json={**body, "format": "wav"}, timeout=120)
+    with wave.open(io.BytesIO(wav.content)) as w:
+        assert w.getnframes() == (len(wav.content) - 44) // 2 > 12000
+    assert struct.unpack("<I", wav.content[4:8])[0] == len(wav.content) - 8
+    flac = httpx.post(f"{server.http}/v1/tts", json={**body, "format": "flac"}, timeout=120)
+    said = (flac.content[21] & 0x0F) << 32 | int.from_bytes(flac.content[22:26], "big")
+    with av.open(io.BytesIO(flac.content)) as f:
+        decoded = sum(fr.samples for fr in f.decode(audio=0))
+    assert said == decoded > 12000
 
 
 def test_openai_voice_refusals_come_in_openai_s_error_shape(server, phone):

@@ -100,6 +100,11 @@ class StreamEncoder(ABC):
     def _close(self) -> bytes:
         return b""
 
+    def seal(self, head: bytes, size: int) -> bytes:
+        """The first bytes of a finished stream, `size` bytes in all, with the lengths its
+        header left unknown filled in (for a whole file, sent once it is all made)."""
+        return head
+
 
 Converter = Callable[[Float32Array], bytes]
 
@@ -172,6 +177,12 @@ class WavEncoder(RawEncoder):
         out = self._header + super()._encode(pcm)
         self._header = b""
         return out
+
+    def seal(self, head: bytes, size: int) -> bytes:
+        sized = bytearray(head)
+        sized[4:8] = struct.pack("<I", size - 8)  # RIFF: all after its size field
+        sized[40:44] = struct.pack("<I", size - 44)  # data: the samples
+        return bytes(sized)
 
 
 class _Sink:
@@ -251,6 +262,16 @@ class AvEncoder(StreamEncoder):
         self._out.mux(self._stream.encode(None))  # drain the codec's delay
         self._out.close()  # trailer (nothing for these muxers on a pipe)
         return self._sink.take()
+
+    def seal(self, head: bytes, size: int) -> bytes:
+        if self._out.format.name != "flac":
+            return head
+        # STREAMINFO's 36-bit sample count: the low nibble of byte 21, then bytes 22-25
+        sized = bytearray(head)
+        total = self._pts
+        sized[21] = (sized[21] & 0xF0) | (total >> 32 & 0x0F)
+        sized[22:26] = struct.pack(">I", total & 0xFFFFFFFF)
+        return bytes(sized)
 
     def _encode_frame(self, x: Float32Array) -> None:
         # s16 (flac) takes the same ints as wav and pcm: flac is their lossless twin.

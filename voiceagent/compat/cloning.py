@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from ..audio.containers import FORMATS, make_stream_encoder
+from ..audio.containers import FORMATS, StreamEncoder, make_stream_encoder
 from ..auth.gate import Principal, principal_of
 from ..model.sampling import SamplingParams
 from ..model.voice_store import NAME
@@ -35,7 +35,6 @@ from ..voices.registry import VoiceError, VoiceRegistry
 from .openai import openai_error
 from .utterance import (
     ApiError,
-    Encoder,
     SpeechOptions,
     Utterance,
     streamed,
@@ -205,6 +204,7 @@ class Cloning:
 
 
 SPOOL_IN_MEMORY = 1 << 20  # bytes of a whole file kept in memory before it goes to disk
+HEADER_BYTES = 64  # where a container's length fields are (WAV's, FLAC's STREAMINFO)
 
 
 def _check_size(audio: bytes) -> None:
@@ -217,7 +217,7 @@ def _check_size(audio: bytes) -> None:
 
 
 async def _whole(
-    request: Request, utterance: Utterance, encoder: Encoder, media_type: str
+    request: Request, utterance: Utterance, encoder: StreamEncoder, media_type: str
 ) -> Response:
     """The whole file in one body, with its length (for clients that want a file). A
     client that hangs up meanwhile stops the synthesis, as a streaming one does. The
@@ -252,6 +252,10 @@ async def _whole(
     finally:
         utterance.close()
     size = spool.tell()
+    spool.seek(0)
+    head = spool.read(HEADER_BYTES)
+    spool.seek(0)
+    spool.write(encoder.seal(head, size))  # its lengths, unknown while it was made
     spool.seek(0)
 
     async def body() -> AsyncIterator[bytes]:
