@@ -164,9 +164,14 @@ def test_an_abbreviation_inside_a_sentence_does_not_cut_it(text):
     assert feed([text]) == [text]
 
 
-def test_a_spaced_ellipsis_stays_with_its_sentence():
+def test_a_spaced_ellipsis_is_no_segment_of_its_own():
     # What was seen: "Hmm.", ".", "." — one LM request for each lone full stop.
-    assert feed(["Hmm. . . let me check. Okay."]) == ["Hmm. . .", "let me check.", "Okay."]
+    assert feed(["Hmm. . . let me check. Okay."]) == ["Hmm.", "let me check.", "Okay."]
+
+
+def test_a_sentence_end_is_cut_without_waiting_for_the_next_word():
+    # (an LLM's last sentence is spoken before its text.end comes)
+    assert Segmenter().push("Hello there. ") == ["Hello there."]
 
 
 PIECES = [

@@ -49,9 +49,9 @@ class Segmenter:
         self._buf += delta
         out = []
         while (cut := self._find_cut()) is not None:
-            seg, self._buf = self._buf[:cut], self._buf[cut:]
-            if seg.strip():
-                out.append(seg.strip())
+            seg, self._buf = self._buf[:cut].strip(), self._buf[cut:]
+            if any(c.isalnum() for c in seg):  # marks alone (". . .") say nothing
+                out.append(seg)
                 self._emitted += 1
         return out
 
@@ -108,24 +108,24 @@ def _word_before(buf: str, i: int) -> str:
 
 def _joins_next(buf: str, i: int, end: int) -> bool | None:
     """Whether the mark at `i` (whitespace at `end`) belongs to what comes after it, so
-    that no cut may fall there; None until the next word's first character is known."""
+    that no cut may fall there; None until the next word's first character is known
+    (only asked where it matters: a plain sentence end is cut at once)."""
     ch, word = buf[i], _word_before(buf, i)
     if ch == "." and word in ABBREVIATIONS:
         return True
+    initialism = ch == "." and _INITIALISM.fullmatch(word) is not None
+    number_comma = ch == "," and any(c.isdigit() for c in word)
+    if not initialism and not number_comma:
+        return False
     nxt = end
     while nxt < len(buf) and buf[nxt].isspace():
         nxt += 1
     if nxt == len(buf):
         return None
     follows = buf[nxt]
-    if ch in SENTENCE_END and follows in SENTENCE_END:
-        return True  # a spaced ellipsis ". . ." ends where its last mark does
-    if ch == "." and _INITIALISM.fullmatch(word):
-        # an initialism ends a sentence before a capital, unless it names something
+    if initialism:  # ends a sentence before a capital, unless it names something
         return not follows.isupper() or word in _NAMING_INITIALISMS
-    if ch == ",":
-        return any(c.isdigit() for c in word) and follows.isdigit()  # a number's comma
-    return False
+    return follows.isdigit()  # a number's comma joins a number
 
 
 def _forced_cut(buf: str, lead: int, window: int) -> int:
