@@ -14,11 +14,14 @@ import pytest
 import torch
 
 from voiceagent.engine.embedded import EmbeddedEngine
+from voiceagent.model import checkpoint
 from voiceagent.model.contract import PAD_TOKEN
+from voiceagent.model.cosyvoice2.random_checkpoint import write_random_cosyvoice2
 from voiceagent.model.sampling import SamplingParams
 from voiceagent.model.speech_model import SpeechModel
 from voiceagent.model.stretch import MelStretcher
 from voiceagent.pipeline.turn import FrameFormat, Turn, TurnFailed, TurnSettings
+from voiceagent.text.timing import SpokenSegment
 
 TOL = 1e-5
 
@@ -211,3 +214,65 @@ def test_a_turn_synthesizes_only_a_bounded_lead_ahead_of_its_consumer(tiny_model
     assert st.rtf is not None and st.synth_start is not None and st.last_audio is not None
     busy = st.last_audio - st.synth_start - st.held_s
     assert st.rtf == pytest.approx(busy / (st.audio_ms / 1000))
+
+
+@pytest.fixture(scope="module")
+def hift_model(tmp_path_factory: pytest.TempPathFactory) -> SpeechModel:
+    """Random weights with CosyVoice2's HiFT, whose exact hold-back is 20 mel frames."""
+    model_dir = write_random_cosyvoice2(tmp_path_factory.mktemp("cv2") / "CosyVoice2-small")
+    return checkpoint.load(model_dir)
+
+
+def test_a_turn_waiting_for_text_lets_out_the_audio_it_held_back(hift_model):
+    # What was seen: after `text.flush`, the last 400 ms of the flushed sentence (the
+    # vocoder's hold-back) came only with the next text, after the pause: the listener
+    # heard the last word cut, then its end stuck to the next sentence.
+    engine = EmbeddedEngine(hift_model)
+    engine.start()
+    spoken: list[SpokenSegment] = []
+
+    async def on_spoken(segment: SpokenSegment) -> None:
+        spoken.append(segment)
+
+    async def take(turn: Turn, quiet_s: float) -> tuple[float, bool]:
+        """Audio (ms) the consumer gets until none comes for `quiet_s`; whether it ended."""
+        ms = 0.0
+        while True:
+            try:
+                item = await asyncio.wait_for(turn.output.get(), quiet_s)
+            except TimeoutError:
+                return ms, False
+            if item is None:
+                return ms, True
+            assert not isinstance(item, TurnFailed), item
+            ms += len(item) / 24
+        return ms, False
+
+    async def go() -> tuple[float, Turn]:
+        voice = hift_model.voices["agent"]
+        settings = TurnSettings(voice, SamplingParams(seed=3), 1.0, FrameFormat(24000))
+        turn = Turn(
+            "t", settings, engine, record_pcm=True, max_segment_tokens=30, on_spoken=on_spoken
+        )
+        turn.start()
+        turn.push_text("Hello there, I am checking on that order for you.")
+        turn.flush_text()
+        first, ended = await take(turn, 3.0)
+        assert not ended
+        turn.push_text("It has shipped.")
+        turn.end_text()
+        _, ended = await take(turn, 30.0)
+        assert ended
+        return first, turn
+
+    try:
+        first, turn = asyncio.run(go())
+    finally:
+        engine.stop()
+    flushed, after = spoken[-2], spoken[-1]  # (the first segment ends at its comma)
+    assert first >= flushed.end_ms  # all of the flushed sentence, before more text came
+    # the next sentence starts after the silence let out with it (its words' times on
+    # the audio's own timeline), and the turn's audio ends where it does
+    assert engine.acoustic.pause_frames(turn._acoustic) == 20 + 2  # type: ignore[arg-type]
+    assert after.start_ms == flushed.end_ms + 22 * 20
+    assert sum(len(p) for p in turn.pcm or []) / 24 == after.end_ms

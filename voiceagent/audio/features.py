@@ -170,6 +170,9 @@ def whisper_log_mel(wave16k: np.ndarray, n_mels: int = 128) -> F32:
 
 # --- CosyVoice2 prompt mel ----------------------------------------------------------------
 
+MEL_FLOOR = 1e-5
+SILENT_LOG_MEL = math.log(MEL_FLOOR)  # every bin of the flow's mel of digital silence
+
 
 def prompt_mel(wave24k: np.ndarray) -> F32:
     """[n // 480, 80] log-mel of the flow: reflect padding of (1920 - 480) / 2 per side, then
@@ -182,4 +185,4 @@ def prompt_mel(wave24k: np.ndarray) -> F32:
     spec = np.fft.rfft(frames * _hann(MEL_FFT, periodic=True), axis=1)
     mag = np.sqrt(spec.real**2 + spec.imag**2 + 1e-9)
     mel = mag @ slaney_mel_filters(MEL_RATE, MEL_FFT, MEL_BINS, 0.0, MEL_FMAX).T
-    return np.log(np.maximum(mel, 1e-5)).astype(np.float32)
+    return np.log(np.maximum(mel, MEL_FLOOR)).astype(np.float32)

@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from ..audio.features import SILENT_LOG_MEL
 from ..audio.framing import Framer
 from ..model.contract import PAD_TOKEN, State, VocoderStage, Voice
 from ..model.quantize import FlowPrecision, reduced_flow
@@ -89,6 +90,7 @@ class _Job:
     tokens: list[int]  # chunk tokens + lookahead (PAD past the end)
     final: bool
     done: Callable[[ChunkResult | BaseException], None]
+    pause: bool = False  # silence instead of the flow's mel (`synthesize`)
     mel: torch.Tensor | None = field(default=None)
     t0: float = field(default_factory=time.perf_counter)
     times: ChunkTimes = field(default_factory=lambda: ChunkTimes(time.monotonic()))
@@ -216,8 +218,12 @@ class AcousticWorker:
             self._primed_states.pop((name, grid), None)
 
     async def synthesize(
-        self, stream: AcousticStream, tokens: list[int], final: bool
+        self, stream: AcousticStream, tokens: list[int], final: bool, pause: bool = False
     ) -> ChunkResult:
+        """The audio of one chunk of a turn. `pause`: no tokens but silence, as much as
+        the vocoder and the framing hold back, so that what they hold comes out (its
+        right context silence) while the turn waits for text; the turn goes on after it
+        as after a pause in its speech."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ChunkResult] = loop.create_future()
 
@@ -233,7 +239,7 @@ class AcousticWorker:
             with contextlib.suppress(RuntimeError):  # its event loop is gone: nobody waits
                 loop.call_soon_threadsafe(settle)
 
-        self._jobs.put(_Job(stream, tokens, final, done))
+        self._jobs.put(_Job(stream, tokens, final, done, pause))
         self.metrics.acoustic_waiting.inc()
         return await fut
 
@@ -304,7 +310,7 @@ class AcousticWorker:
         t0 = time.perf_counter()
         _stamp(jobs, "flow_start")
         jobs = self._stage(
-            jobs, lambda j: (len(j.tokens), j.stream.grid), self._flow, self._flow_commit
+            jobs, lambda j: (len(j.tokens), j.stream.grid, j.pause), self._flow, self._flow_commit
         )
         _stamp(jobs, "flow_end")
         t1 = time.perf_counter()
@@ -366,6 +372,8 @@ class AcousticWorker:
     def _flow(self, group: list[_Job]) -> list[_Out]:
         """Mel (before stretching) and the new flow state of each job."""
         dev = self.model.device
+        if group[0].pause:
+            return [(None, self._silence(j)) for j in group]
         if len(group[0].tokens) == self.model.pre_lookahead:  # no new tokens: only drain
             return [(None, torch.zeros(self.model.mel_bins, 0, device=dev)) for _ in group]
         flow = self.flow
@@ -383,6 +391,16 @@ class AcousticWorker:
             self.batched_calls += 1
         split = [state] if len(group) == 1 else flow.split_states(state, len(group))
         return list(zip(split, mel, strict=True))
+
+    def pause_frames(self, stream: AcousticStream) -> int:
+        """Mel frames of silence a pause adds (`synthesize`): enough to let out all the
+        vocoder and the framing hold: its hold-back, one frame the speed stretcher may
+        keep, one for the resampler's delay and the framer's last part-frame."""
+        return (stream.vocoder or self.model.vocoder).hold_back + 2
+
+    def _silence(self, job: _Job) -> torch.Tensor:
+        shape = (self.model.mel_bins, self.pause_frames(job.stream))
+        return torch.full(shape, SILENT_LOG_MEL, device=self.model.device)
 
     def _flow_commit(self, job: _Job, out: _Out) -> None:
         state, mel = out

@@ -115,6 +115,8 @@ class FlowStage(nn.Module):
 class VocoderStage(nn.Module):
     """Mel -> 24 kHz PCM, chunk by chunk."""
 
+    hold_back = 0  # mel frames whose audio waits for the frames after them
+
     def initial_state(self) -> State:
         raise NotImplementedError
 

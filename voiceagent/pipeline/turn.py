@@ -31,6 +31,10 @@ from ..text.timing import SpokenSegment
 log = logging.getLogger(__name__)
 
 
+STARVED_POLL_S = 0.02  # how often a turn holding audio looks whether its consumer ran dry
+MEL_FRAME_MS = 20.0  # the flow's mel: 50 frames a second
+
+
 @dataclass(frozen=True)
 class ChunkSchedule:
     """Tokens per flow chunk: small first (fast first audio), larger later (efficiency)."""
@@ -164,6 +168,7 @@ class Turn:
         self._lm: TokenStream | None = None
         self._acoustic: AcousticStream | None = None
         self._held = 0.0  # seconds waited on the output bound so far
+        self._paused_ms = 0.0  # silence added while waiting for text (`_starved`)
         self._task: asyncio.Task[None] | None = None
         self._on_spoken = on_spoken
         self._starved_at: float | None = None  # loop time it began waiting for text
@@ -187,6 +192,15 @@ class Turn:
             return await self._segments.get()
         finally:
             self._starved_at = None
+
+    async def _starved(self) -> bool:
+        """Whether the consumer takes every frame made before more text comes: waiting
+        on, the listener would run dry before hearing the audio held for right context."""
+        while self._segments.empty():
+            if self.output.empty():
+                return True
+            await asyncio.sleep(STARVED_POLL_S)
+        return False
 
     def push_text(self, delta: str) -> None:
         if delta and self.stats.first_text is None:
@@ -279,7 +293,13 @@ class Turn:
     async def _run_streaming(self) -> None:
         look = self.engine.model.pre_lookahead
         final = False
-        while (segment := await self._next_segment()) is not None:
+        holding = False  # a segment's last audio waits in the acoustic stage
+        while True:
+            if holding and await self._starved():
+                await self._pause()
+                holding = False
+            if (segment := await self._next_segment()) is None:
+                break
             pending: list[int] = []
             first = len(self.tokens)
             async for new in (lm := await self._tokens_of(segment)):
@@ -297,8 +317,17 @@ class Turn:
             # the turn's last chunk when only the end marker is left in the queue.
             final = self._text_ended and self._segments.qsize() == 1
             await self._chunk(pending + [PAD_TOKEN] * look, final=final)
+            holding = not final
         if not final:  # the text ended after the last segment's tail was sent
             await self._chunk([PAD_TOKEN] * look, final=True)
+
+    async def _pause(self) -> None:
+        """Let out the audio the acoustic stage holds, with silence after it: no more text
+        has come, and the listener is about to hear all that was let out before."""
+        assert self._acoustic is not None
+        await self._chunk([PAD_TOKEN] * self.engine.model.pre_lookahead, final=False, pause=True)
+        frames = self.engine.acoustic.pause_frames(self._acoustic)
+        self._paused_ms += frames * MEL_FRAME_MS / self.settings.speed
 
     def _chunk_size(self) -> int:
         """New tokens in the next chunk: the schedule's, or up to the next grid line."""
@@ -318,16 +347,18 @@ class Turn:
         await self._chunk(self.tokens + [PAD_TOKEN] * look, final=True)
 
     async def _spoken(self, segment: str, first: int) -> None:
-        spoken = SpokenSegment.of_tokens(segment, first, len(self.tokens), self.settings.speed)
+        speed = self.settings.speed
+        spoken = SpokenSegment.of_tokens(segment, first, len(self.tokens), speed, self._paused_ms)
         if self._on_spoken is not None:
             await self._on_spoken(spoken)
         else:
             await self.output.put(spoken)
 
-    async def _chunk(self, tokens: list[int], final: bool) -> None:
+    async def _chunk(self, tokens: list[int], final: bool, pause: bool = False) -> None:
         assert self._acoustic is not None
         self._chunked += len(tokens) - self.engine.model.pre_lookahead
-        result: ChunkResult = await self.engine.acoustic.synthesize(self._acoustic, tokens, final)
+        acoustic = self.engine.acoustic
+        result: ChunkResult = await acoustic.synthesize(self._acoustic, tokens, final, pause)
         if not np.isfinite(result.pcm).all():  # a broken model must not reach a listener
             raise EngineError("the acoustic model produced non-finite audio")
         if self.stats.first_chunk is None:

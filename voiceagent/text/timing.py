@@ -48,10 +48,13 @@ class SpokenSegment:
         return {"text": self.text, **span, "words": words}
 
     @classmethod
-    def of_tokens(cls, text: str, first: int, end: int, speed: float) -> SpokenSegment:
-        """The segment spoken by speech tokens [first, end) of a turn at `speed`."""
+    def of_tokens(
+        cls, text: str, first: int, end: int, speed: float, paused_ms: float = 0.0
+    ) -> SpokenSegment:
+        """The segment spoken by speech tokens [first, end) of a turn at `speed`, after
+        `paused_ms` of silence the turn added while it waited for text."""
         per_token = TOKEN_MS / speed
-        return cls(text, first * per_token, end * per_token)
+        return cls(text, paused_ms + first * per_token, paused_ms + end * per_token)
 
 
 def words_of(text: str) -> list[str]:
