@@ -265,6 +265,10 @@ def test_ordinary_numbers_and_words_keep_their_readings(written, said):
             "Card four one one one, one one one one, one one one one, one one one one.",
         ),
         ("It is 5 * 3.", "It is five times three."),
+        # street types after a street's name, with no house number
+        ("It is on Main St Suite 5.", "It is on Main Street Suite five."),
+        ("Turn onto 5th Ave. then left.", "Turn onto fifth Avenue then left."),
+        ("Call ext 45 now.", "Call extension forty-five now."),
     ],
 )
 def test_what_an_audit_heard_misread_is_read_right(written, said):
@@ -285,11 +289,23 @@ def test_a_spoken_form_is_left_as_it_is():
         assert normalize(said, "en") == said
 
 
+def test_chinese_years_and_long_numbers_are_read_digit_by_digit():
+    assert normalize("2024年，电话13812345678，共1,234元", "zh") == (
+        "二零二四年，电话一三八一二三四五六七八，共一千二百三十四元"
+    )
+
+
+def test_japanese_and_korean_are_left_to_the_model_not_read_as_english():
+    # What was seen: "りんごを3つ" became "りんごをthreeつ"
+    assert normalize("りんごを3つ", "auto") == "りんごを3つ"
+    assert normalize("사과 3개", "auto") == "사과 3개"
+
+
 def test_other_languages_keep_their_normalization():
     assert normalize("Mr. Smith, (332) 555-0163, 12/05/1990, FVGMJ.", "de") == (
         "Mr. Smith, (332) 555-0163, 12/05/1990, FVGMJ."
     )
-    assert normalize("共12人，1990年", "zh") == "共十二人，一千九百九十年"
+    assert normalize("共12人，1990年", "zh") == "共十二人，一九九零年"  # a year: digit by digit
 
 
 def _words(text: str) -> list[str]:

@@ -49,6 +49,9 @@ _ADDRESS = re.compile(
     rf"(?<![\w.,$#-])(\d{{1,5}})((?:\s+(?:[NSEW]\.?|[A-Z][a-z]+|\d+(?:st|nd|rd|th))){{1,3}}?)"
     rf"\s+({_STREET_TYPE})\b(\.)?"
 )
+_UNIT_WORD = re.compile(r"\s+(?:Suite|Ste|Apt|Apartment|Unit|Floor|Building|Room)\b")
+# a street named by an ordinal: 5th Ave., 1st St.
+_ORDINAL_STREET = re.compile(rf"\b(\d{{1,3}})(?:st|nd|rd|th)\s+({_STREET_TYPE})\b(\.)?")
 _TITLE = re.compile(r"\b(Mrs|Mr|Ms|Dr|St)\b(\.)?(?=(\s+[A-Z])?)")
 # US numbers: (332) 555-0163, 332-555-0163, 332.555.0163, 332 555 0163, +1 ..., 1-800-...
 _PHONE = re.compile(
@@ -284,7 +287,8 @@ def _en_title(m: re.Match[str]) -> str:
     if not m.group(2) and not name_follows:
         return m.group(0)  # 'Dr' or 'St' alone: not an abbreviation we know
     after_name = re.search(r"[A-Z][a-z]+\s+$", m.string[: m.start()]) is not None
-    if word in ("Dr", "St") and not name_follows and after_name:
+    unit_follows = _UNIT_WORD.match(m.string[m.end() :]) is not None
+    if word in ("Dr", "St") and after_name and (not name_follows or unit_follows):
         return _STREET_TYPES[word] + _keep_stop(m, 2)
     if word == "St":
         return "Saint" if name_follows else m.group(0)
@@ -302,6 +306,9 @@ def normalize_english(text: str) -> str:
     text = _SHORT_DATE.sub(_en_short_date, text)
     text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
     text = _ADDRESS.sub(_en_address, text)
+    text = _ORDINAL_STREET.sub(
+        lambda m: f"{en.ordinal(int(m[1]))} {_STREET_TYPES[m[2]]}{_keep_stop(m, 3)}", text
+    )
     text = _TITLE.sub(_en_title, text)
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
     text = re.sub(r"\bNo\.\s?(?=\d)|#(?=\d)", "number ", text)
@@ -315,7 +322,7 @@ def normalize_english(text: str) -> str:
     text = _DIGIT_GROUPS.sub(lambda m: ", ".join(map(en.digits, re.split("[ -]", m[0]))), text)
     text = _MERIDIEM_TIME.sub(_en_meridiem, text)
     text = _TIME.sub(lambda m: en.clock(int(m[1]), int(m[2])), text)
-    text = re.sub(r"\bext\.(?=\s*\d)", "extension", text)
+    text = re.sub(r"\bext\.?(?=\s*\d)", "extension", text)
     text = _DIGITS_AFTER.sub(_en_digits_after, text)
     text = _SLASH_DATE.sub(_en_slash_date, text)
     text = _DATE_WITH_YEAR.sub(_en_date, text)
@@ -372,6 +379,8 @@ def chinese_number(n: int) -> str:
 
 
 def normalize_chinese(text: str) -> str:
+    text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 1,234
+    text = re.sub(r"(\d{4})(?=年)|\d{5,}", lambda m: _zh_digits(m[0]), text)  # 2024年, phones
     text = re.sub(
         r"(\d+)\.(\d+)%",
         lambda m: (
@@ -393,7 +402,16 @@ def normalize_chinese(text: str) -> str:
     return re.sub(r"\d+", lambda m: chinese_number(int(m.group(0))), text)
 
 
+def _zh_digits(s: str) -> str:
+    return "".join(_ZH_DIGITS[int(d)] for d in s)
+
+
+_KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
+
+
 def normalize(text: str, language: str = "auto") -> str:
+    if language == "auto" and _KANA_HANGUL.search(text):
+        return text  # Japanese or Korean: left to the model's own frontend
     if language == "zh" or (language == "auto" and _CJK.search(text)):
         return normalize_chinese(text)
     if language in ("en", "auto"):
