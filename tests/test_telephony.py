@@ -163,7 +163,7 @@ def test_a_caller_who_speaks_stops_the_bot_and_played_ms_is_what_the_carrier_pla
             assert all(t <= clear_at for t in call.media_at)
             truth = heard_ms(call.played, clear_at)
             assert cancelled["played_source"] == "report"  # from the marks
-            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled["played_ms"], truth)
             assert call.said_at and clear_at - call.said_at[0] < 2.0
             assert not call.violations, call.violations
 
@@ -743,7 +743,7 @@ def test_an_audiosocket_call_hears_the_bot_barges_in_and_sends_dtmf(
             await asyncio.sleep(0.3)
             # Nothing more was played after the cancel (we hold back what is not due).
             assert frames_heard_ms(call.playback.frames) - truth <= 20
-            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled, truth)
+            assert abs(cancelled["played_ms"] - truth) <= 20, (cancelled["played_ms"], truth)
             await call.send_dtmf("7")
             assert (await until(bot, "dtmf"))["digit"] == "7"
             await bot.send({"type": "call.hangup"})
