@@ -163,10 +163,15 @@ def _say_address(part: str) -> str:
     """An email's or a web address's part: words as written, digits one by one, symbols
     by name ('j.smith42' -> 'j dot smith four two')."""
     pieces = re.findall(r"[A-Za-z]+|\d+|[._+/-]", part)
-    return " ".join(
-        _SAID_SYMBOLS.get(x) or (en.digits(x) if x.isdigit() else x.lower() if x == "www" else x)
-        for x in pieces
-    ).replace("www", "w w w")
+    return " ".join(_said_piece(x) for x in pieces)
+
+
+def _said_piece(x: str) -> str:
+    if x.isdigit():
+        return en.digits(x)
+    if x.lower() == "www":
+        return "w w w"
+    return _SAID_SYMBOLS.get(x, x)
 
 
 def _en_range(m: re.Match[str]) -> str:
@@ -378,32 +383,30 @@ def chinese_number(n: int) -> str:
     return out[1:] if out.startswith("一十") else out  # 十五, not 一十五
 
 
+def _zh_digits(s: str) -> str:
+    return "".join(_ZH_DIGITS[int(d)] for d in s)
+
+
+def _zh_digits_of(m: re.Match[str]) -> str:
+    return _zh_digits(m[0])
+
+
 def normalize_chinese(text: str) -> str:
     text = re.sub(r"(?<=\d),(?=\d{3})", "", text)  # 1,234
-    text = re.sub(r"(\d{4})(?=年)|\d{5,}", lambda m: _zh_digits(m[0]), text)  # 2024年, phones
+    # digit by digit: a year (2024年), a mobile number (138...), any run of 12 or more
+    text = re.sub(r"\d{4}(?=年)|(?<![\d.])(?:1\d{10}|\d{12,})(?![\d.%])", _zh_digits_of, text)
     text = re.sub(
         r"(\d+)\.(\d+)%",
-        lambda m: (
-            "百分之"
-            + chinese_number(int(m.group(1)))
-            + "点"
-            + "".join(_ZH_DIGITS[int(d)] for d in m.group(2))
-        ),
+        lambda m: "百分之" + chinese_number(int(m.group(1))) + "点" + _zh_digits(m.group(2)),
         text,
     )
     text = re.sub(r"(\d+)%", lambda m: "百分之" + chinese_number(int(m.group(1))), text)
     text = re.sub(
         r"(\d+)\.(\d+)",
-        lambda m: (
-            chinese_number(int(m.group(1))) + "点" + "".join(_ZH_DIGITS[int(d)] for d in m.group(2))
-        ),
+        lambda m: chinese_number(int(m.group(1))) + "点" + _zh_digits(m.group(2)),
         text,
     )
     return re.sub(r"\d+", lambda m: chinese_number(int(m.group(0))), text)
-
-
-def _zh_digits(s: str) -> str:
-    return "".join(_ZH_DIGITS[int(d)] for d in s)
 
 
 _KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
