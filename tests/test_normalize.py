@@ -289,6 +289,27 @@ def test_a_spoken_form_is_left_as_it_is():
         assert normalize(said, "en") == said
 
 
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # An LLM's markdown: its symbols reached the LM as tokens it never learned
+        ("**Great news.** Your refund is ready.", "Great news. Your refund is ready."),
+        ("**Great news.", "Great news."),  # a bold cut by the segmenter
+        ("It is _really_ done.", "It is really done."),
+        ("# Your order", "Your order"),
+        ("- Bring your ID", "Bring your ID"),
+        ("Run `reset` now.", "Run reset now."),
+        ("See [our help page](https://example.com/help).", "See our help page."),
+        (
+            "Keep snake_case and 5*3 and press * now.",
+            "Keep snake_case and five times three and press star now.",
+        ),
+    ],
+)
+def test_markdown_is_read_as_the_words_it_marks(written, said):
+    assert normalize(written, "en") == said
+
+
 def test_chinese_years_and_long_numbers_are_read_digit_by_digit():
     assert normalize("2024年，电话13812345678，共1,234元", "zh") == (
         "二零二四年，电话一三八一二三四五六七八，共一千二百三十四元"

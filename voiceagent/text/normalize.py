@@ -410,9 +410,22 @@ def normalize_chinese(text: str) -> str:
 
 
 _KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
+# An LLM's markdown: a link's text, and emphasis, code, heading and bullet marks dropped.
+_MD_LINK = re.compile(r"\[([^\]\n]+)\]\([^)\s]*\)")
+_MD_MARKS = re.compile(
+    r"(?<![\w*_])[*_]{1,3}(?=[^\s*_])|(?<=[^\s*_])[*_]{1,3}(?![\w*_])"  # emphasis
+    r"|`+|^[ \t]*(?:#{1,6}|[-*+])[ \t]+",  # code, a heading's or a bullet's mark
+    re.MULTILINE,
+)
+
+
+def strip_markdown(text: str) -> str:
+    """'**Great** news, see [the page](https://...)' -> 'Great news, see the page'."""
+    return _MD_MARKS.sub("", _MD_LINK.sub(r"\1", text))
 
 
 def normalize(text: str, language: str = "auto") -> str:
+    text = strip_markdown(text)
     if language == "auto" and _KANA_HANGUL.search(text):
         return text  # Japanese or Korean: left to the model's own frontend
     if language == "zh" or (language == "auto" and _CJK.search(text)):
