@@ -269,6 +269,16 @@ def test_ordinary_numbers_and_words_keep_their_readings(written, said):
         ("It is on Main St Suite 5.", "It is on Main Street Suite five."),
         ("Turn onto 5th Ave. then left.", "Turn onto fifth Avenue then left."),
         ("Call ext 45 now.", "Call extension forty-five now."),
+        # time ranges kept their hyphen: "nine o'clock-five o'clock"; international
+        # numbers were read as amounts: "plus forty-four twenty seven thousand..."
+        ("Open 9:00-5:00 daily.", "Open nine o'clock to five o'clock daily."),
+        ("Open 9am-5pm.", "Open nine A M to five P M."),
+        ("From 10:30 - 11:15 AM.", "From ten thirty to eleven fifteen A M."),
+        ("Meet 10-11 am.", "Meet ten to eleven A M."),
+        (
+            "Call +44 20 7946 0958 today.",
+            "Call plus four four, two zero, seven nine four six, zero nine five eight today.",
+        ),
     ],
 )
 def test_what_an_audit_heard_misread_is_read_right(written, said):

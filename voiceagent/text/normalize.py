@@ -118,6 +118,15 @@ _FRACTION = re.compile(rf"(?<![\w/.])({'|'.join(_FRACTIONS)})(?![\w/])")
 _DIGIT_GROUPS = re.compile(
     r"(?<![\w.,-])(?:\d+(?:-\d+){2,}|\d{5}-\d{4}|\d{4}(?: \d{4}){2,3})(?![\w-]|[.,]\d)"
 )
+# 9:00-5:00, 9am-5pm, 10:30 - 11:15 AM: the hyphen between two times is "to"
+_CLOCK = r"\d{1,2}(?::\d{2}\s?(?:[AaPp]\.?[Mm]\b\.?)?|\s?[AaPp]\.?[Mm]\b\.?)"
+_MERIDIEM = r"\s?[AaPp]\.?[Mm]\b\.?"
+_TIME_RANGE = re.compile(
+    rf"\b({_CLOCK}|\d{{1,2}}(?::\d{{2}})?(?=\s?[-–]\s?\d{{1,2}}(?::\d{{2}})?{_MERIDIEM}))"
+    rf"\s?[-–]\s?(?={_CLOCK})"
+)
+# +44 20 7946 0958: a number outside the US, digit by digit in its groups
+_PHONE_INTL = re.compile(r"(?<![\w+])\+([2-9]\d{0,2})((?:[\s.-]\d{1,4}){2,5})\b")
 _TIMES = re.compile(r"(?<=\d) ?[*×] ?(?=\d)")
 _KEYS = re.compile(r"(?<![\w#*])#(?![\w#*])|(?<=\S\s)\*(?=[\s.,;!?]|$)")  # a phone's keys
 _GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmith42
@@ -187,6 +196,11 @@ def _en_range(m: re.Match[str]) -> str:
     if all(len(x) == 4 and re.fullmatch(_YEAR, x) for x in (low, high)):
         return f"{en.year(int(low))} to {en.year(int(high))}"
     return f"{en.number(int(low))} to {en.number(int(high))}"
+
+
+def _en_intl_phone(m: re.Match[str]) -> str:
+    groups = [m[1], *re.split(r"[\s.-]", m[2].strip())]
+    return "plus " + ", ".join(en.digits(g) for g in groups)
 
 
 def _en_short_date(m: re.Match[str]) -> str:
@@ -319,6 +333,8 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"\bNo\.\s?(?=\d)|#(?=\d)", "number ", text)
     text = _TIMES.sub(" times ", text)
     text = _KEYS.sub(lambda m: "pound" if m[0] == "#" else "star", text)
+    text = _TIME_RANGE.sub(lambda m: f"{m[1]} to ", text)
+    text = _PHONE_INTL.sub(_en_intl_phone, text)
     text = _PHONE_E164.sub(lambda m: en.phone(m[1], m[2], m[3], "1"), text)
     text = _PHONE.sub(_en_phone, text)
     text = _RANGE.sub(_en_range, text)
