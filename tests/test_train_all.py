@@ -7,6 +7,7 @@ here: tests/test_train_check.py hears it)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from pathlib import Path
@@ -78,3 +79,18 @@ def test_the_second_process_stops_at_its_first_failure_and_then_frees_its_thread
     assert run.wait() == 2  # argparse's code for the unknown stage
     assert not after.exists(), "a command after the failed one ran"
     assert run.done() and run.threads() == 2
+
+
+@pytest.mark.parametrize("part", beside.PARTS)
+def test_the_second_process_is_given_each_part_s_own_budget_and_step(part: str) -> None:
+    """The command line `train all --side-by-side` starts parses as that part's stage
+    with the budget, step target, threads, device and priority `train all` had for it."""
+    from voiceagent.cli import build_parser
+
+    given = argparse.Namespace(
+        device="cpu", budget_min=12.5, until_step=7000, check=3, background=True
+    )
+    args = build_parser().parse_args(beside.part_argv(part, Path("/w"), given, 1))
+    assert (args.train_stage, args.out, args.threads, args.device) == (part, Path("/w"), 1, "cpu")
+    assert (args.budget_min, args.until_step, args.background) == (12.5, 7000, True)
+    assert getattr(args, "check", 3) == 3
