@@ -369,7 +369,16 @@ def test_the_reading_rules_are_one_implementation_for_server_and_corpus():
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.sampled_from([*"0123456789$€£%-−/.,:*#@ aAkMB\n", "9" * 40, " million", "Jan ", "www."]),
+        st.sampled_from(
+            [
+                *"0123456789$€£%-−/.,:*#@ aAkMB\n",
+                "9" * 40,
+                "1" + "0" * 4400,
+                " million",
+                "Jan ",
+                "www.",
+            ]
+        ),
         max_size=80,
     ).map("".join)
 )
