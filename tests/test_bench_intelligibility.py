@@ -121,6 +121,31 @@ def test_with_several_seeds_each_sentence_is_sampled_again_and_the_wer_pools_the
     assert "sampling seeds 0-1" in intelligibility.table(report)
 
 
+def test_every_draw_of_the_teacher_is_heard_and_its_wer_pools_them(
+    tmp_path, prompts, tiny_model
+) -> None:
+    """Piper's noise is unseeded, so each speaking of the held-out sentences is another
+    draw: the bench hears every draw the teacher stage spoke, as it hears every seed of
+    ours. Here draw 1 is noise, so its WER is far from draw 0's and the pool between."""
+    sentences = make_work(tmp_path, prompts, with_wavs=2)
+    noise_dir = teacher.draw_dir(tmp_path, 1)
+    noise_dir.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for s in sentences[:2]:
+        write_wav(
+            noise_dir / f"{s.id}.wav", 0.3 * rng.standard_normal(teacher.RATE * 2), teacher.RATE
+        )
+    report = intelligibility.measure(tiny_model, tmp_path, sentences=2, workers=2)
+    tea = report["teacher"]
+    assert tea["draws"] == 2 and tea["sentences"] == 2
+    speech, noise = tea["wer_by_draw"]
+    assert speech <= 0.25 and noise >= 0.8, report
+    # the same sentences in both draws: the pooled WER is the mean of the two
+    assert tea["wer"] == pytest.approx((speech + noise) / 2, abs=1e-3)
+    assert report["per_sentence"][0]["teacher_wer"] <= 0.25  # draw 0's transcript
+    assert "2 draws" in intelligibility.table(report)
+
+
 def test_without_a_held_out_corpus_it_says_which_stages_to_run(tmp_path) -> None:
     proc = subprocess.run(
         [*CLI, "--scenario", "intelligibility", "--work", str(tmp_path / "none")],

@@ -345,6 +345,27 @@ def test_after_the_held_out_ones_the_teacher_speaks_what_the_lm_has_no_tokens_of
     assert spoken_ids == {heldout[0].id, train[2].id}
 
 
+def test_further_draws_of_the_held_out_sentences_are_spoken_once_each(
+    tmp_path, piper, capsys
+) -> None:
+    """Each speaking is another draw of Piper's noise, kept in a folder of its own for the
+    bench; a run asked for as many draws again speaks none of them twice."""
+    corpus.write(tmp_path, Params(hours=0.0, heldout=1, asterisk=False))  # two sentences
+    out = ["train", "teacher", "--out", str(tmp_path), "--heldout-draws", "2"]
+    assert main(out) == 0
+    _, heldout = corpus.load(tmp_path)
+    first, second = (teacher.draw_dir(tmp_path, k) / f"{heldout[0].id}.wav" for k in (0, 1))
+    assert teacher.draws(tmp_path) == [first.parent, second.parent]
+    assert 0.5 < teacher.wav_seconds(second) < 15
+    assert first.read_bytes() != second.read_bytes()  # another draw, not a copy
+    assert teacher.is_complete(tmp_path)  # draw 0 is the stage's own speech
+    made = second.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(out) == 0
+    assert "draw 1" not in capsys.readouterr().out
+    assert second.stat().st_mtime_ns == made
+
+
 def test_a_complete_teacher_stage_is_skipped_until_the_corpus_changes(
     tmp_path, piper, capsys
 ) -> None:

@@ -9,14 +9,18 @@ written form, as a user would send it, and the server normalizes it. The client 
 first audio frame (TTFA) and reads the turn's RTF from turn.done (as the ws bench does),
 decodes the Opus frames to PCM, and once every sentence is spoken, pocketsphinx
 (train/wer.py) transcribes them in a process pool, with the teacher's WAVs of the same
-sentences (teacher/wav/<id>.wav). Both WERs are pooled over their sentences against the
-spoken form (`corpus_wer`). pocketsphinx is a weak recognizer: the two numbers are for
+sentences (teacher/wav/<id>.wav, and every further draw the teacher stage spoke with
+`--heldout-draws`). Both WERs are pooled over their sentences against the spoken form
+(`corpus_wer`). pocketsphinx is a weak recognizer: the two numbers are for
 comparing voices on the same sentences, not absolute measures.
 
 A voice samples its speech tokens, so one sampling of each sentence is one draw: with
 `--seeds N` each sentence is spoken N times (sampling seeds 0 to N-1), the WER pools
 them all, and `wer_by_seed` shows how far one draw of the same sentences moves (on
-100 sentences, about as far as two voices of adjacent training runs differ).
+100 sentences, about as far as two voices of adjacent training runs differ). The teacher
+samples too (Piper's noise, unseeded): one speaking of the 100 sentences was heard at
+0.282 on one machine and 0.309 on the next, so the teacher's WER pools its draws in the
+same way (`wer_by_draw`).
 """
 
 from __future__ import annotations
@@ -155,10 +159,6 @@ def transcribe_all(clips: list[tuple[np.ndarray, int]], workers: int | None = No
         return list(pool.map(wer.transcribe, *zip(*clips, strict=True)))
 
 
-def _teacher_wav(work: Path, sentence_id: str) -> Path:
-    return teacher.teacher_dir(work) / "wav" / f"{sentence_id}.wav"
-
-
 def measure(
     model: SpeechModel,
     work: Path,
@@ -173,23 +173,26 @@ def measure(
     spoken = synthesize(model, picked, max_speech_s, seeds)
     synth_s = time.perf_counter() - start
 
-    present = [s for s in picked if _teacher_wav(work, s.id).is_file()]
-    missing = [s.id for s in picked if s not in present]
+    # the teacher's draws: Piper's noise is unseeded, so each speaking is another sample
+    draws = [{s.id: d / f"{s.id}.wav" for s in picked} for d in teacher.draws(work)]
+    draws = [{i: p for i, p in d.items() if p.is_file()} for d in draws]
+    missing = [s.id for s in picked if s.id not in draws[0]]
     clips = [(x.pcm, OPUS_RATE) for x in spoken]
-    for s in present:
-        pcm, rate = read_wav(_teacher_wav(work, s.id))
-        clips.append((pcm, rate))
+    for d in draws:
+        clips += [read_wav(p) for p in d.values()]
     start = time.perf_counter()
-    hyps = transcribe_all(clips, workers)
+    hyps = iter(transcribe_all(clips, workers))
     asr_s = time.perf_counter() - start
-    ours_hyp = hyps[: len(spoken)]
-    teacher_hyp = dict(zip((s.id for s in present), hyps[len(spoken) :], strict=True))
+    ours_hyp = [next(hyps) for _ in spoken]
+    teacher_hyps = [{i: next(hyps) for i in d} for d in draws]
+    teacher_hyp = teacher_hyps[0]
+    text = {s.id: s.text for s in picked}
+    teacher_by_draw = [[(text[i], h) for i, h in d.items()] for d in teacher_hyps if d]
 
     samples = [x.sample for x in spoken]
     ttfa = [x.ttfa_ms for x in samples]
     ours_pairs = [(x.sentence.text, hyp) for x, hyp in zip(spoken, ours_hyp, strict=True)]
     by_seed = [ours_pairs[i * len(picked) : (i + 1) * len(picked)] for i in range(seeds)]
-    teacher_pairs = [(s.text, teacher_hyp[s.id]) for s in present]
     return {
         "model": model.name,
         "work": str(work),
@@ -204,8 +207,14 @@ def measure(
             "seeds": seeds,
         },
         "teacher": {
-            "wer": round(wer.corpus_wer(teacher_pairs), 4) if present else None,
-            "sentences": len(present),
+            "wer": (
+                round(wer.corpus_wer([p for d in teacher_by_draw for p in d]), 4)
+                if teacher_by_draw
+                else None
+            ),
+            "wer_by_draw": [round(wer.corpus_wer(d), 4) for d in teacher_by_draw],
+            "sentences": len(teacher_hyp),
+            "draws": len(teacher_by_draw),
             "missing": missing,
         },
         "words": sum(len(wer.words(s.text)) for s in picked),
@@ -252,6 +261,9 @@ def table(report: dict[str, Any]) -> str:
         each = ", ".join(f"{w:.3f}" for w in ours["wer_by_seed"])
         n = ours["seeds"]
         lines.append(f"each sentence spoken {n} times (sampling seeds 0-{n - 1}): WER {each}")
+    if tea["draws"] > 1:
+        each = ", ".join(f"{w:.3f}" for w in tea["wer_by_draw"])
+        lines.append(f"the teacher's speech in {tea['draws']} draws (Piper's noise): WER {each}")
     if tea["missing"]:
         lines.append(
             f"teacher WAVs missing for {len(tea['missing'])} of {ours['sentences']} sentences "

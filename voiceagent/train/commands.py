@@ -105,6 +105,14 @@ def _teacher_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--length-scale", type=float, default=1.0, help="Piper's pace (>1: slower)")
     p.add_argument("--batch", type=int, default=200, help="sentences per piper process")
+    p.add_argument(
+        "--heldout-draws",
+        type=int,
+        default=1,
+        metavar="N",
+        help="speak the held-out sentences N times in all (Piper's noise is not seeded: "
+        "each time is another draw, which the intelligibility bench pools)",
+    )
 
 
 def _teacher(work: Path, args: argparse.Namespace) -> int:
@@ -112,11 +120,16 @@ def _teacher(work: Path, args: argparse.Namespace) -> int:
         print("teacher: no corpus yet, making one with the default parameters")
         if (code := _timed(STAGES[0], work, args)) != 0:
             return code
-    if teacher.is_complete(work, args.length_scale):
+    draws = getattr(args, "heldout_draws", 1)
+    complete = teacher.is_complete(work, args.length_scale)
+    if complete and draws <= 1:
         print(f"teacher: every sentence in {teacher.teacher_dir(work)} is spoken (skipped)")
         return 0
     try:
         piper = teacher.find_piper(args.piper_venv, args.length_scale)
+        teacher.speak_draws(work, piper, draws, args.batch)
+        if complete:
+            return 0
         banked = frozenset(tokens.load_tokens(work)) if tokens.has_tokens(work) else frozenset()
         progress = teacher.run(work, piper, args.limit, args.batch, banked=banked)
     except (teacher.TeacherMissing, ValueError) as exc:

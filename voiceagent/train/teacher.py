@@ -11,7 +11,9 @@ sentence in progress, and the next run skips every sentence whose WAV exists.
 On disk (DIR/teacher/): wav/<id>.wav (16-bit mono 22050 Hz), manifest.tsv (columns id,
 seconds, text, split; one row per WAV, in corpus order), voice.json (the voice and its
 settings, so a resumed run cannot mix voices) and stage.json (written once every corpus
-sentence has its WAV).
+sentence has its WAV). Piper samples noise, unseeded, so the same sentence spoken again
+is another draw of the teacher: draws/<k>/<id>.wav (k = 1, 2, ...) hold further draws of
+the held-out sentences, so that the bench can hear the teacher as often as it hears ours.
 """
 
 from __future__ import annotations
@@ -206,6 +208,19 @@ def teacher_dir(work: Path) -> Path:
     return work / "teacher"
 
 
+def draw_dir(work: Path, draw: int) -> Path:
+    """Where draw `draw` of the held-out speech lives: draw 0 is the stage's own wav/."""
+    return teacher_dir(work) / ("wav" if draw == 0 else f"draws/{draw}")
+
+
+def draws(work: Path) -> list[Path]:
+    """The folders of the held-out draws spoken so far, draw 0 first (complete or not)."""
+    found = [draw_dir(work, 0)]
+    while draw_dir(work, len(found)).is_dir():
+        found.append(draw_dir(work, len(found)))
+    return found
+
+
 def corpus_digest(work: Path) -> str:
     d = corpus.corpus_dir(work)
     h = hashlib.sha1()
@@ -301,3 +316,23 @@ def run(
         }
         write_json(teacher_dir(work) / "stage.json", marker)
     return progress
+
+
+def speak_draws(
+    work: Path,
+    piper: Piper,
+    draws: int,
+    batch_size: int = 200,
+    report: Callable[[str], None] = print,
+) -> None:
+    """Draws 1 to `draws` - 1 of the held-out sentences, each in its own folder (draw 0
+    is the stage's own wav/); a draw's WAVs already there are kept."""
+    _, heldout = corpus.load(work)
+    _check_voice(work, piper)
+    for draw in range(1, draws):
+        p = synthesize(heldout, draw_dir(work, draw), piper, batch_size)
+        if p.sentences:
+            report(
+                f"teacher: held-out draw {draw}: spoke {p.sentences} sentences, "
+                f"{p.audio_s:.0f} s of speech, RTF {p.rtf:.3f}"
+            )
