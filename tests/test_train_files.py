@@ -5,13 +5,15 @@ kill is a process dying mid-write; here an exception at that point stands in for
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from voiceagent.train import corpus, feats, files, tokens, update, vocoder_train
+from voiceagent.cli import main
+from voiceagent.train import corpus, feats, files, lm_train, tokens, update, vocoder_train
 
 
 class Killed(Exception):
@@ -94,6 +96,26 @@ def test_the_vocoder_stage_trains_on_the_threads_it_is_given(tmp_path, monkeypat
     monkeypatch.setattr(vocoder_train, "train", train)
     list(vocoder_train.run(tmp_path, 1.0, check=0))
     assert "threads" in seen and seen["threads"] is None  # the caller's torch threads
+
+
+@pytest.mark.parametrize(
+    ("flags", "budget_s"),
+    [
+        ([], 240.0),
+        (["--anneal", "3000"], math.inf),
+        (["--anneal", "3000", "--budget-min", "2"], 120.0),
+    ],
+)
+def test_an_anneal_asked_for_trains_to_its_end_unless_a_budget_is_given(
+    tmp_path, monkeypatch, flags, budget_s
+) -> None:
+    # what was seen: `train lm --anneal 3000` stopped after four minutes, 630 steps in
+    seen = {}
+    monkeypatch.setattr(lm_train, "train", lambda work, budget, **kw: seen.update(budget=budget))
+    tokens.tokens_dir(tmp_path).mkdir(parents=True)
+    tokens.save_tokens(tokens.tokens_dir(tmp_path) / "tokens.npz", {"u1": np.arange(4)})
+    assert main(["train", "lm", "--out", str(tmp_path), *flags]) == 0
+    assert seen["budget"] == budget_s
 
 
 def test_markers_are_json_objects(tmp_path) -> None:

@@ -209,7 +209,7 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         "--budget-min",
         type=float,
         help="minutes of training (resumes where it left off; default: 4, or no limit "
-        "with --until-step)",
+        "with --until-step or --anneal)",
     )
     p.add_argument(
         "--until-step",
@@ -229,10 +229,11 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
 
 def _budget_s(args: argparse.Namespace) -> float:
     """Seconds of wall time this run may train: --budget-min, else none with a step
-    target (it ends the run), else four minutes."""
+    target or an anneal (either ends the run), else four minutes."""
     if args.budget_min is not None:
         return 60 * float(args.budget_min)
-    return math.inf if getattr(args, "until_step", None) is not None else 240.0
+    ends = (getattr(args, name, None) for name in ("until_step", "anneal"))
+    return math.inf if any(x is not None for x in ends) else 240.0
 
 
 def _device(args: argparse.Namespace) -> torch.device | None:
