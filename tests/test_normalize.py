@@ -238,7 +238,7 @@ def test_ordinary_numbers_and_words_keep_their_readings(written, said):
             "Go to https://www.acme-bank.com/help now.",
             "Go to w w w dot acme dash bank dot com slash help now.",
         ),
-        ("It weighs 5kg.", "It weighs five kg."),
+        ("It weighs 5kg.", "It weighs five kilograms."),
         ("Update to v3.2 first.", "Update to v three point two first."),
         # dates in more forms: "two thousand twenty-four-three-fifteen", "Jan fifteen"
         ("It is due on 2024-03-15.", "It is due on March fifteenth, twenty twenty-four."),
@@ -283,6 +283,47 @@ def test_ordinary_numbers_and_words_keep_their_readings(written, said):
 )
 def test_what_an_audit_heard_misread_is_read_right(written, said):
     assert normalize(written, "en") == said
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # each read before as letters, or as a number and an abbreviation:
+        # "one two G B", "twenty-five mph", "seventy-two°F"
+        ("Your plan has 12GB of data.", "Your plan has twelve gigabytes of data."),
+        ("It ships at 25 mph.", "It ships at twenty-five miles per hour."),
+        (
+            "It is 72°F, or -5°C inside.",
+            "It is seventy-two degrees Fahrenheit, or minus five degrees Celsius inside.",
+        ),
+        ("The box is 1 lb, the bag 3 lbs.", "The box is one pound, the bag three pounds."),
+        ("Wait 3-5 min, or 1 min more.", "Wait three to five minutes, or one minute more."),
+        (
+            "It is 1.5 km away at 2.4 GHz.",
+            "It is one point five kilometers away at two point four gigahertz.",
+        ),
+        # not units: a code that ends in letters, a million, 5G
+        ("Your code is YT9MB.", "Your code is Y T nine M B."),
+        ("A $5m loan on 5G.", "A five million dollars loan on five G."),
+    ],
+)
+def test_a_unit_after_a_number_is_said_by_its_name(written, said):
+    assert normalize(written) == said
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # read before as "one-eight hundred-F L O W E R S"
+        ("Call 1-800-FLOWERS now.", "Call one eight hundred, flowers now."),
+        ("Call 1-800-GOT-JUNK today.", "Call one eight hundred, got junk today."),
+        ("Call 888-ALL-4-YOU.", "Call eight eight eight, all four you."),
+        # a real number beside it keeps its groups
+        ("Or 1-800-555-0105.", "Or one eight hundred, five five five, zero one zero five."),
+    ],
+)
+def test_a_toll_free_number_spelled_as_words_is_said_as_them(written, said):
+    assert normalize(written) == said
 
 
 def test_thousands_of_digits_are_read_digit_by_digit_without_raising():

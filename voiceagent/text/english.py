@@ -35,6 +35,32 @@ TITLES = {"Mr": "Mister", "Ms": "Miz", "Mrs": "Missus", "Dr": "Doctor"}  # befor
 # Toll-free area codes said as a number rather than digit by digit ("one eight hundred").
 _AREA_AS_NUMBER = {"800": "eight hundred"}
 
+# A unit's abbreviation after a number, said as its name (singular after exactly 1).
+# Only abbreviations that mean nothing else after a number: not m (million or metres),
+# g (5G), in, L or h.
+UNITS = {
+    "kg": ("kilogram", "kilograms"), "mg": ("milligram", "milligrams"),
+    "lb": ("pound", "pounds"), "lbs": ("pound", "pounds"), "oz": ("ounce", "ounces"),
+    "km": ("kilometer", "kilometers"), "cm": ("centimeter", "centimeters"),
+    "mm": ("millimeter", "millimeters"), "mi": ("mile", "miles"), "ft": ("foot", "feet"),
+    "mph": ("mile per hour", "miles per hour"),
+    "km/h": ("kilometer per hour", "kilometers per hour"),
+    "kph": ("kilometer per hour", "kilometers per hour"),
+    "ml": ("milliliter", "milliliters"), "mL": ("milliliter", "milliliters"),
+    "KB": ("kilobyte", "kilobytes"), "MB": ("megabyte", "megabytes"),
+    "GB": ("gigabyte", "gigabytes"), "TB": ("terabyte", "terabytes"),
+    "Mbps": ("megabit per second", "megabits per second"),
+    "Gbps": ("gigabit per second", "gigabits per second"),
+    "kHz": ("kilohertz", "kilohertz"), "MHz": ("megahertz", "megahertz"),
+    "GHz": ("gigahertz", "gigahertz"),
+    "hr": ("hour", "hours"), "hrs": ("hour", "hours"), "min": ("minute", "minutes"),
+    "mins": ("minute", "minutes"), "sec": ("second", "seconds"), "secs": ("second", "seconds"),
+    "ms": ("millisecond", "milliseconds"),
+    "kW": ("kilowatt", "kilowatts"), "kWh": ("kilowatt hour", "kilowatt hours"),
+    "°F": ("degree Fahrenheit", "degrees Fahrenheit"),
+    "°C": ("degree Celsius", "degrees Celsius"), "°": ("degree", "degrees"),
+}  # fmt: skip
+
 # All-caps words said as words, not spelled: acronyms read as words, and common words a
 # writer puts in capitals for emphasis ("do NOT share it"). Any other all-caps word of
 # three or more letters is spelled letter by letter (PBX, IRS, FVGMJ).
@@ -174,6 +200,14 @@ def phone(area: str, exchange: str, line: str, country: str = "") -> str:
         area_words = _AREA_AS_NUMBER.get(area) or digits(area)
         head = f"{head} {area_words}".strip() + ","
     return f"{head} {digits(exchange)}, {digits(line)}".strip()
+
+
+def vanity(area: str, word: str, country: str = "") -> str:
+    """A toll-free number spelled as a word: ('800', 'GOT-JUNK', '1') -> 'one eight
+    hundred, got junk'. Letters are said as the word they spell, digits one by one."""
+    head = f"{digits(country)} " if country else ""
+    parts = [digits(p) if p.isdigit() else p.lower() for p in word.split("-")]
+    return f"{head}{_AREA_AS_NUMBER.get(area) or digits(area)}, {' '.join(parts)}"
 
 
 def unit(n: int, letter: str) -> str:

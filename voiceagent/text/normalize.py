@@ -59,6 +59,11 @@ _PHONE = re.compile(
     r"(?![\w-]|[.,]\d)"
 )
 _PHONE_E164 = re.compile(r"(?<![\w+])\+1([2-9]\d\d)([2-9]\d\d)(\d{4})\b")
+# 1-800-FLOWERS, 1-800-GOT-JUNK: a toll-free number spelled as words
+_VANITY = re.compile(
+    r"(?<![\w+-])(?:(\+?1)[\s.-]?)?(8(?:00|33|44|55|66|77|88))[\s.-]"
+    r"([A-Z]{2,}[A-Z\d]*(?:-[A-Z\d]+)*)(?![\w-])"
+)
 _PHONE_LOCAL = re.compile(r"(?<![\w+$.,-])([2-9]\d\d)-(\d{4})(?![\w-]|[.,]\d)")
 _MERIDIEM_TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s?([AaPp])\.?\s?[Mm]\b(\.)?")
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
@@ -129,6 +134,8 @@ _TIME_RANGE = re.compile(
 _PHONE_INTL = re.compile(r"(?<![\w+])\+([2-9]\d{0,2})((?:[\s.-]\d{1,4}){2,5})\b")
 _TIMES = re.compile(r"(?<=\d) ?[*×] ?(?=\d)")
 _KEYS = re.compile(r"(?<![\w#*])#(?![\w#*])|(?<=\S\s)\*(?=[\s.,;!?]|$)")  # a phone's keys
+_UNIT_NAMES = "|".join(map(re.escape, sorted(en.UNITS, key=len, reverse=True)))
+_UNIT = re.compile(rf"(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s?({_UNIT_NAMES})(?![\w/°])")
 _GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmith42
 
 
@@ -324,6 +331,7 @@ def normalize_english(text: str) -> str:
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
     text = _SHORT_DATE.sub(_en_short_date, text)
     text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
+    text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1']}", text)
     text = _ADDRESS.sub(_en_address, text)
     text = _ORDINAL_STREET.sub(
         lambda m: f"{en.ordinal(int(m[1]))} {_STREET_TYPES[m[2]]}{_keep_stop(m, 3)}", text
@@ -336,6 +344,7 @@ def normalize_english(text: str) -> str:
     text = _TIME_RANGE.sub(lambda m: f"{m[1]} to ", text)
     text = _PHONE_INTL.sub(_en_intl_phone, text)
     text = _PHONE_E164.sub(lambda m: en.phone(m[1], m[2], m[3], "1"), text)
+    text = _VANITY.sub(lambda m: en.vanity(m[2], m[3], (m[1] or "")[-1:]), text)
     text = _PHONE.sub(_en_phone, text)
     text = _RANGE.sub(_en_range, text)
     text = _PHONE_LOCAL.sub(lambda m: en.phone("", m[1], m[2]), text)
