@@ -76,17 +76,16 @@ def test_a_turn_reports_each_segment_before_its_last_audio_and_the_spans_tile_th
     assert not isinstance(items[-1], SpokenSegment)
 
 
-def test_a_session_gets_each_segments_words_ahead_of_its_last_audio(server):
-    """`turn.words` over a real WebSocket session: the segments tile the turn's audio,
-    and each arrives before the frames at its end have been sent."""
-    text = "Hello, and welcome back. Your order shipped today. It arrives on Monday."
+def _spoken_stream(server, text: str) -> list:
+    """Events and frames of one `speak` over a real WebSocket session, in arrival order,
+    up to `turn.done` (or an error)."""
 
     async def go():
         async with connect(server.url) as ws:
             c = Client(ws)
             await c.start(format={"codec": "pcm16", "sample_rate": 24000})
             await c.send({"type": "speak", "text": text})
-            stream = []  # events and frames, in arrival order
+            stream = []
             while True:
                 msg = await asyncio.wait_for(ws.recv(), 60)
                 if isinstance(msg, bytes):
@@ -97,7 +96,14 @@ def test_a_session_gets_each_segments_words_ahead_of_its_last_audio(server):
                 if event["type"] in ("turn.done", "error"):
                     return stream
 
-    stream = run(go())
+    return run(go())
+
+
+def test_a_session_gets_each_segments_words_ahead_of_its_last_audio(server):
+    """`turn.words` over a real WebSocket session: the segments tile the turn's audio,
+    and each arrives before the frames at its end have been sent."""
+    text = "Hello, and welcome back. Your order shipped today. It arrives on Monday."
+    stream = _spoken_stream(server, text)
     words = [
         (i, e) for i, e in enumerate(stream) if isinstance(e, dict) and e["type"] == "turn.words"
     ]
@@ -113,3 +119,15 @@ def test_a_session_gets_each_segments_words_ahead_of_its_last_audio(server):
     for at, event in words:  # before the frame that plays the segment's end
         last = next(i for i, f in sent if f.pts_ms + 20 >= event["end_ms"])
         assert at < last, event
+
+
+def test_captions_show_an_llms_markdown_as_the_words_it_marks(server):
+    """What was seen: `turn.words` carried "**Great**" and "[the page](https://...)" as
+    words while the voice said "Great" and "the page"."""
+    text = "**Great** news: see [the page](https://example.com/a) for `details`."
+    stream = _spoken_stream(server, text)
+    assert stream[-1]["type"] == "turn.done", stream[-1]
+    words = [e for e in stream if isinstance(e, dict) and e["type"] == "turn.words"]
+    assert " ".join(e["text"] for e in words) == "Great news: see the page for details."
+    said = [w["word"] for e in words for w in e["words"]]
+    assert said == ["Great", "news:", "see", "the", "page", "for", "details."]
