@@ -214,7 +214,7 @@ def test_opus_clips_out_of_range_input_instead_of_wrapping() -> None:
 
 
 def test_opus_is_tuned_for_speech_as_webrtc_s_encoder_is() -> None:
-    # the VoIP application: the shipped voice is heard better through it (docs/training.md)
+    # the VoIP application: the shipped voice is heard better through it (docs/training-runs.md)
     assert OpusEncoder()._enc.application == opuslib.APPLICATION_VOIP
 
 

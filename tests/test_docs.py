@@ -500,3 +500,35 @@ def test_the_key_table_lists_exactly_the_configuration_keys_with_defaults_and_fl
         if documented[key] != in_code[key]
     ]
     assert not wrong, "configuration keys that differ:\n" + "\n".join(wrong)
+
+
+# -- links between the docs ----------------------------------------------------------------
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as
+    hyphens ("`train seed`: from an export" -> "train-seed-from-an-export")."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.DOTALL)
+    return {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading() -> None:
+    """A page moved or a heading renamed leaves no dead link in README.md or docs/."""
+    dead = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = re.sub(r"```.*?```|`[^`\n]*`", "", page.read_text(), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # a URL
+            file, _, anchor = target.partition("#")
+            linked = (page.parent / file).resolve() if file else page
+            if not linked.exists():
+                dead.append(f"{page.name}: {target} (no such file)")
+            elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+                dead.append(f"{page.name}: {target} (no such heading)")
+    assert not dead, dead

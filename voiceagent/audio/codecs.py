@@ -65,7 +65,7 @@ class OpusEncoder(Encoder):
     tail: the last packet is therefore partly padding (an Ogg end granule can trim it).
     Tuned for speech (the VoIP application, as aiortc's WebRTC encoder is): over 100
     held-out sentences x 6 seeds of the shipped voice at 32 kbit/s, pocketsphinx's WER
-    was 0.366 against 0.381 with the general-audio tuning (docs/training.md)."""
+    was 0.366 against 0.381 with the general-audio tuning (docs/training-runs.md)."""
 
     codec = "opus"
     sample_rate = OPUS_RATE

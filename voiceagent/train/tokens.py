@@ -28,7 +28,7 @@ from .files import read_marker, write_json, written
 # teacher speech): WER 0.57 with 512 codes, 0.38 with 2048, 0.38 with 4096; the
 # teacher's own mel 0.27. On 1.9 hours (2026-12-04): 2048 codes 0.42, 6561 0.35, 8192
 # 0.31 (teacher's mel 0.30); the voice heard through the server went from 0.54 to 0.46
-# with 6561 (docs/training.md, twelfth run), all the LM's and the flow's vocabularies hold.
+# with 6561 (docs/training-runs.md, twelfth run), all the LM's and the flow's vocabularies hold.
 CODES = 6561
 ITERATIONS = 40
 SAMPLE = 200_000  # vectors k-means is fitted on (about 2.2 hours of speech)
