@@ -160,6 +160,20 @@ def test_silence_and_faint_noise_are_refused():
     assert refused(wav(clicks, rate)).code == "audio_silent"
 
 
+def test_a_steady_tone_hum_or_noise_is_refused_as_not_speech():
+    """What was seen: a 440 Hz tone made a voice (webrtcvad takes it for voice)."""
+    rate = 16000
+    t = np.arange(3 * rate) / rate
+    tone = 0.3 * np.sin(2 * np.pi * 440 * t)
+    hum = sum(0.1 / k * np.sin(2 * np.pi * 60 * k * t) for k in range(1, 8))
+    noise = np.random.default_rng(0).standard_normal(3 * rate) * 0.05
+    for steady in (tone, hum, noise):
+        error = refused(wav(steady, rate))
+        assert error.code == "audio_not_speech" and "dB" in error.message, error.message
+    # a voice over a steady hum is speech
+    prepare_reference(wav(vowels(3.0, rate, -20.0) + 0.1 * hum, rate))
+
+
 def test_unreadable_and_oversized_uploads():
     assert refused(b"").code == "audio_unreadable"
     assert refused(b"plain text, not audio\n" * 50).code == "audio_unreadable"

@@ -56,6 +56,7 @@ class ErrorCode(StrEnum):
     AUDIO_TOO_LONG = "audio_too_long"  # over 30 s after trimming silence (422)
     AUDIO_CLIPPED = "audio_clipped"  # too many samples at full scale (422)
     AUDIO_SILENT = "audio_silent"  # no or too little voice activity (422)
+    AUDIO_NOT_SPEECH = "audio_not_speech"  # a steady tone, hum or noise (422)
     VOICE_STORAGE_FAILED = "voice_storage_failed"  # the voices folder cannot be written (507)
     NOT_FOUND = "not_found"  # an HTTP path the server does not have (404)
     METHOD_NOT_ALLOWED = "method_not_allowed"  # a method the path does not take (405)

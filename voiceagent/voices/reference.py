@@ -13,6 +13,7 @@ part's RMS to `TARGET_DBFS`, peaks kept under `PEAK_LIMIT`) and checks it:
 | `audio_unreadable` | not decodable, no audio stream, no samples, or sampled below 8 kHz |
 | `audio_silent` | the loudest 300 ms under `SILENT_DBFS`, or under `MIN_VOICED_S` of voice |
 | `audio_clipped` | over `CLIP_FRACTION` of the active samples within 1/256 of full scale |
+| `audio_not_speech` | the voiced frames' level spread under `MIN_SPREAD_DB`: a steady sound |
 | `audio_too_short` | under `MIN_SPEECH_S` left after trimming |
 | `audio_too_long` | over `MAX_SPEECH_S` left after trimming (the speech tokenizer's limit) |
 
@@ -50,6 +51,11 @@ SILENT_DBFS = -50.0  # the loudest 300 ms under this: nothing usable was recorde
 LOUD_WINDOW = 10  # frames: "the loudest part" is the loudest 300 ms
 NOISE_BELOW_PEAK_DB = 35.0  # frames this far under the loudest are background, not voice
 MIN_VOICED_S = 0.5
+# Speech rises and falls by syllable: the voiced frames' levels spread by 6-10 dB (the
+# standard deviation of their dB; 6.3 dB was the least of 300 teacher sentences, 4.5 of
+# Asterisk's prompts). A tone, a hum or steady noise that webrtcvad takes for voice
+# spreads by well under 1 dB.
+MIN_SPREAD_DB = 2.0
 TARGET_DBFS = -20.0  # RMS of the voiced frames after normalization
 PEAK_LIMIT = 0.97  # about -0.26 dBFS: the gain is lowered if a peak would exceed it
 # Clipping: a sample within 1/256 of full scale (|x| >= 0.9961, the top step of 8-bit
@@ -223,6 +229,14 @@ def prepare_reference(data: bytes) -> Reference:
             ErrorCode.AUDIO_SILENT,
             f"only {speech_s:.2f} s of voice activity in {span:.2f} s of audio; at least "
             f"{MIN_VOICED_S:g} s of speech is needed",
+        )
+    spread = float(np.std(20.0 * np.log10(rms[hits].astype(np.float64) + 1e-12)))
+    if spread < MIN_SPREAD_DB:
+        raise ReferenceAudioError(
+            ErrorCode.AUDIO_NOT_SPEECH,
+            f"the audio is a steady sound, not speech: the level of its {speech_s:.2f} s of "
+            f"voice-like frames varies by {spread:.2f} dB, and speech's by {MIN_SPREAD_DB:g} dB "
+            "or more (a tone, a hum or steady noise); record a person speaking",
         )
     # Loudness: the voiced frames' RMS to the target, unless a peak would pass the limit.
     voiced_rms = float(np.sqrt(np.mean(np.square(rms[hits].astype(np.float64)))))
