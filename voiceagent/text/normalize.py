@@ -4,7 +4,8 @@ English, the way a call-center agent reads it (docs/protocol.md, "English readin
 cardinals, decimals, ordinals (1st, 22nd), percentages, currency ($, €, £), clock times
 (9:40, 9:08 PM), US phone numbers in their groups, years in date contexts (July 13th,
 1955; since 2019), codes digit by digit or letter by letter (880270, 6W7EKQ, FVGMJ),
-house and unit numbers (1420 Oak Dr., Unit 21B), titles (Mrs. Stewart) and a few
+house and unit numbers (1420 Oak Dr., Unit 21B), titles (Mrs. Stewart), units after a
+number (5kg, 12GB, 72°F), toll-free numbers spelled as words (1-800-FLOWERS) and a few
 symbols (&, +, =, @). The readings are voiceagent/text/english.py's, which the training
 corpus uses too; this module finds where each applies. Chinese: the same quantities as
 Chinese numerals (一百二十三, 三点一四, 百分之五十). Text with any CJK character is
