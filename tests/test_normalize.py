@@ -326,6 +326,38 @@ def test_a_toll_free_number_spelled_as_words_is_said_as_them(written, said):
     assert normalize(written) == said
 
 
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # what an LLM writes in a support answer; each read before as in the comment
+        # "four dollars and ninety-nine cents/month"
+        ("The fee is $4.99/month.", "The fee is four dollars and ninety-nine cents per month."),
+        (
+            "From $20/mo. or $200/yr. Call now.",
+            "From twenty dollars per month or two hundred dollars per year. Call now.",
+        ),
+        # "Mon-Fri"
+        ("We are open Mon.-Fri., 9am-5pm.", "We are open Monday to Friday, nine A M to five P M."),
+        ("Open Tuesday–Saturday.", "Open Tuesday to Saturday."),
+        # "sixty-seven" (the star was taken for emphasis), "Press , then pound."
+        ("Dial *67 first.", "Dial star six seven first."),
+        ("Press *, then #.", "Press star, then pound."),
+        # "#A one two three four five"
+        ("Order #A12345 shipped.", "Order number A one two three four five shipped."),
+        # "four point five/five", "etc." and "i.e." read as letters
+        ("Rated 4.5/5 stars.", "Rated four point five out of five stars."),
+        ("Cats, dogs, etc. are fine.", "Cats, dogs, et cetera are fine."),
+        ("Bring an ID, i.e. a passport.", "Bring an ID, that is a passport."),
+        ("E.g. a bill w/ your name.", "For example a bill with your name."),
+        ("It is approx. 20 mins away.", "It is approximately twenty minutes away."),
+        # left alone: a date without a year, a pair of words
+        ("Due 12/25 and/or later.", "Due twelve/twenty-five and/or later."),
+    ],
+)
+def test_an_llms_shorthand_is_said_in_full(written, said):
+    assert normalize(written) == said
+
+
 def test_thousands_of_digits_are_read_digit_by_digit_without_raising():
     said = normalize("9" * 5000 + " and " + "1" + "0" * 5000, "en")
     assert said.split().count("nine") == 5000 and said.split().count("zero") == 5000

@@ -61,6 +61,19 @@ UNITS = {
     "°C": ("degree Celsius", "degrees Celsius"), "°": ("degree", "degrees"),
 }  # fmt: skip
 
+# Abbreviations an LLM writes, said in full.
+ABBREVIATIONS = {
+    "etc.": "et cetera", "e.g.": "for example", "i.e.": "that is", "vs.": "versus",
+    "approx.": "approximately", "w/o": "without", "w/": "with",
+}  # fmt: skip
+WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+# '$5/mo': what a slash before these means, and their full names
+PER = {
+    "month": "month", "mo": "month", "year": "year", "yr": "year", "week": "week",
+    "wk": "week", "day": "day", "hour": "hour", "hr": "hour", "minute": "minute",
+    "min": "minute", "night": "night", "person": "person", "user": "user", "seat": "seat",
+}  # fmt: skip
+
 # All-caps words said as words, not spelled: acronyms read as words, and common words a
 # writer puts in capitals for emphasis ("do NOT share it"). Any other all-caps word of
 # three or more letters is spelled letter by letter (PBX, IRS, FVGMJ).

@@ -137,6 +137,20 @@ _TIMES = re.compile(r"(?<=\d) ?[*×] ?(?=\d)")
 _KEYS = re.compile(r"(?<![\w#*])#(?![\w#*])|(?<=\S\s)\*(?=[\s.,;!?]|$)")  # a phone's keys
 _UNIT_NAMES = "|".join(map(re.escape, sorted(en.UNITS, key=len, reverse=True)))
 _UNIT = re.compile(rf"(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s?({_UNIT_NAMES})(?![\w/°])")
+# '$4.99/mo', '20 GB/month': a slash before a unit of time or a head is "per"
+_PER = re.compile(rf"(?<=[\w%])\s?/\s?({'|'.join(en.PER)})\b(\.)?")
+# 'rated 4.5/5', '9/10 stars': "out of"
+_RATING = re.compile(
+    r"\b((?i:rated|rating(?:\s+of)?|scored?(?:\s+of)?)\s+)?(\d+(?:\.\d+)?)\s?/\s?(\d+)\b"
+    r"(?=(\s+stars?\b)?)"
+)
+_DAY = r"(Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)(?:day|sday|nesday|rsday|urday)?"
+_DAYS = re.compile(rf"\b{_DAY}\.?\s?[-–]\s?{_DAY}(?![\w-])(\.)?")
+_DAY_NAMES = {d[:3]: d for d in en.WEEKDAYS}
+_ABBREVIATION = re.compile(
+    rf"(?<![\w.])(?i:{'|'.join(map(re.escape, en.ABBREVIATIONS))})(?=[\s,;:)!?]|$)"
+)
+_STAR_CODE = re.compile(r"(?<![\w*])\*(\d{2,3})(?![\d*])")  # *67: dialled, "star six seven"
 _GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmith42
 
 
@@ -269,6 +283,29 @@ def _en_year_after(m: re.Match[str]) -> str:
     return _month(m.group(1)) + en.year(int(m.group(2)))
 
 
+def _en_rating(m: re.Match[str]) -> str:
+    said, score, scale, stars = m[1], m[2], m[3], m[4]
+    if not (said or stars):
+        return m[0]  # a date, a fraction or a path: not a rating
+    return f"{said or ''}{score} out of {scale}"
+
+
+def _en_days(m: re.Match[str]) -> str:
+    """'Mon-Fri' -> 'Monday to Friday'."""
+    return f"{_DAY_NAMES[m[1][:3]]} to {_DAY_NAMES[m[2][:3]]}{_keep_stop(m, 3)}"
+
+
+def _en_abbreviation(m: re.Match[str]) -> str:
+    """'etc.' -> 'et cetera' (and the full stop again when it also ended the sentence);
+    'E.g.' -> 'For example'."""
+    words = en.ABBREVIATIONS[m[0].lower()]
+    if m[0][0].isupper():
+        words = words[0].upper() + words[1:]
+    rest = m.string[m.end() :]
+    ends = m[0].endswith(".") and (not rest.strip() or re.match(r"\s+[A-Z]", rest))
+    return words + ("." if ends else "")
+
+
 def _en_digits_after(m: re.Match[str]) -> str:
     """'ends in 2996', 'extension 1234', 'PIN 4242': digit by digit; but 'the offer ends
     in 2025' is a year."""
@@ -333,14 +370,19 @@ def normalize_english(text: str) -> str:
     text = _SHORT_DATE.sub(_en_short_date, text)
     text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
     text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1']}", text)
+    text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
+    text = _RATING.sub(_en_rating, text)
+    text = _DAYS.sub(_en_days, text)
+    text = _ABBREVIATION.sub(_en_abbreviation, text)
     text = _ADDRESS.sub(_en_address, text)
     text = _ORDINAL_STREET.sub(
         lambda m: f"{en.ordinal(int(m[1]))} {_STREET_TYPES[m[2]]}{_keep_stop(m, 3)}", text
     )
     text = _TITLE.sub(_en_title, text)
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
-    text = re.sub(r"\bNo\.\s?(?=\d)|#(?=\d)", "number ", text)
+    text = re.sub(r"\bNo\.\s?(?=\d)|#(?=[A-Z]*\d)", "number ", text)
     text = _TIMES.sub(" times ", text)
+    text = _STAR_CODE.sub(lambda m: f"star {en.digits(m[1])}", text)
     text = _KEYS.sub(lambda m: "pound" if m[0] == "#" else "star", text)
     text = _TIME_RANGE.sub(lambda m: f"{m[1]} to ", text)
     text = _PHONE_INTL.sub(_en_intl_phone, text)
@@ -439,7 +481,8 @@ _KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
 # An LLM's markdown: a link's text, and emphasis, code, heading and bullet marks dropped.
 _MD_LINK = re.compile(r"\[([^\]\n]+)\]\([^)\s]*\)")
 _MD_MARKS = re.compile(
-    r"(?<![\w*_])[*_]{1,3}(?=[^\s*_])|(?<=[^\s*_])[*_]{1,3}(?![\w*_])"  # emphasis
+    # emphasis (a lone * before a digit or a stop is a phone's key: *67, "press *.")
+    r"(?<![\w*_])(?:[*_]{2,3}|_|\*(?![\d,.;:!?]))(?=[^\s*_])|(?<=[^\s*_])[*_]{1,3}(?![\w*_])"
     r"|`+|^[ \t]*(?:#{1,6}|[-*+])[ \t]+",  # code, a heading's or a bullet's mark
     re.MULTILINE,
 )
