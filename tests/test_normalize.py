@@ -350,8 +350,22 @@ def test_a_toll_free_number_spelled_as_words_is_said_as_them(written, said):
         ("Bring an ID, i.e. a passport.", "Bring an ID, that is a passport."),
         ("E.g. a bill w/ your name.", "For example a bill with your name."),
         ("It is approx. 20 mins away.", "It is approximately twenty minutes away."),
-        # left alone: a date without a year, a pair of words
+        # "five hundred fifty-five point one two three.four thousand ..."
+        ("Call 555.123.4567 now.", "Call five five five, one two three, four five six seven now."),
+        ("Or (555) 123-4567.", "Or five five five, one two three, four five six seven."),
+        # "U S D fifty", "¥five hundred"
+        ("It costs USD 50, or 20 EUR.", "It costs fifty dollars, or twenty euros."),
+        ("It is ¥500 or ₹1,200.", "It is five hundred yen or one thousand two hundred rupees."),
+        # "ninety s", "Q four two thousand twenty-five", "four hundred one(k)"
+        ("The 90s, the '80s.", "The nineties, the eighties."),
+        ("In Q4 2025 and FY2024.", "In Q four twenty twenty-five and F Y twenty twenty-four."),
+        ("Your 401(k) plan.", "Your four oh one k plan."),
+        # "AB-one thousand two hundred thirty-four-CD", "two x"
+        ("Ref: AB-1234-CD.", "Ref: A B, one two three four, C D."),
+        ("Get 2x points.", "Get two times points."),
+        # left alone: a date without a year, a pair of words, a name with a number
         ("Due 12/25 and/or later.", "Due twelve/twenty-five and/or later."),
+        ("COVID-19 rules.", "COVID-nineteen rules."),
     ],
 )
 def test_an_llms_shorthand_is_said_in_full(written, said):

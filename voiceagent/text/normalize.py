@@ -26,7 +26,15 @@ _CURRENCY = {
     "$": ("dollar", "dollars", "cent", "cents"),
     "€": ("euro", "euros", "cent", "cents"),
     "£": ("pound", "pounds", "penny", "pence"),
+    "¥": ("yen", "yen", "sen", "sen"),
+    "₹": ("rupee", "rupees", "paisa", "paise"),
 }
+_CURRENCY_CODES = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥", "INR": "₹"}
+# 'USD 50', '50 USD': the amount as its symbol writes it
+_CODE_AMOUNT = re.compile(
+    r"\b(USD|EUR|GBP|JPY|INR)\s?(\d[\d,]*(?:\.\d+)?)\b"
+    r"|(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s?(USD|EUR|GBP|JPY|INR)\b"
+)
 _EN_SYMBOLS = {"&": " and ", "+": " plus ", "=": " equals ", "@": " at "}
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -54,9 +62,10 @@ _UNIT_WORD = re.compile(r"\s+(?:Suite|Ste|Apt|Apartment|Unit|Floor|Building|Room
 # a street named by an ordinal: 5th Ave., 1st St.
 _ORDINAL_STREET = re.compile(rf"\b(\d{{1,3}})(?:st|nd|rd|th)\s+({_STREET_TYPE})\b(\.)?")
 _TITLE = re.compile(r"\b(Mrs|Mr|Ms|Dr|St)\b(\.)?(?=(\s+[A-Z])?)")
-# US numbers: (332) 555-0163, 332-555-0163, 332.555.0163, 332 555 0163, +1 ..., 1-800-...
+# US numbers: (332) 555-0163, 332-555-0163, 332.555.0163, 332 555 0163, +1 ..., 1-800-...;
+# any exchange, since 555-123-4567 is every example's number
 _PHONE = re.compile(
-    r"(?<![\w+$.,-])(?:(\+?1)[\s.-]?)?(?:\(([2-9]\d\d)\)\s?|([2-9]\d\d)[\s.-])([2-9]\d\d)[\s.-](\d{4})"
+    r"(?<![\w+$.,-])(?:(\+?1)[\s.-]?)?(?:\(([2-9]\d\d)\)\s?|([2-9]\d\d)[\s.-])(\d{3})[\s.-](\d{4})"
     r"(?![\w-]|[.,]\d)"
 )
 _PHONE_E164 = re.compile(r"(?<![\w+])\+1([2-9]\d\d)([2-9]\d\d)(\d{4})\b")
@@ -81,7 +90,7 @@ _YEARS = re.compile(
 )
 _NOT_A_NOUN = frozenset({"was", "is", "has", "as", "this", "its", "his", "us", "always"})
 _DECADE = re.compile(r"\b(1[1-9]\d0|20\d0)s\b")
-_SHORT_DECADE = re.compile(r"(?<!\w)'([2-9]0)s\b")
+_SHORT_DECADE = re.compile(r"(?<![\w'])'?([2-9]0)s\b")  # the '80s, the 90s
 # a number or code said digit by digit after these words ("ends in 2996")
 _DIGITS_AFTER = re.compile(
     r"\b((?i:ends?\s+(?:in|with)|ending\s+(?:in|with)|extension|pin(?:\s+number)?"
@@ -97,11 +106,11 @@ _CODE = re.compile(r"(?<![\w'])(?=[A-Z\d]*[A-Z])(?=[A-Z\d]*\d)[A-Z\d]{2,}(?![\w'
 _CAPS = re.compile(r"(?<![\w'])([A-Z]{3,}|[A-Z]{2,}(?=s))(s?)(?![\w'])")
 _CAPS_BEFORE = re.compile(r"\b[A-Z]{2,}[,;:]?\s+$")
 _CAPS_AFTER = re.compile(r"^[,;:]?\s+[A-Z]{2,}\b")
-_DIGIT_STRING = re.compile(r"(?<![\w.,$€£-])(\d{5,}|0\d+)(?![\w%]|[.,]\d)")
+_DIGIT_STRING = re.compile(r"(?<![\w.,$€£¥₹-])(\d{5,}|0\d+)(?![\w%]|[.,]\d)")
 _MAX_CARDINAL = 15  # digits: a longer number is read digit by digit (and never int()-ed)
 # $5, -$45.20, $-45.20, $.99, $1,250.50, $1.5 million, $2.5B, $5k
 _AMOUNT = re.compile(
-    r"(?<![\w.])([-−])?([$€£])([-−])?(\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?:\.(\d+))?"
+    r"(?<![\w.])([-−])?([$€£¥₹])([-−])?(\d{1,3}(?:,\d{3})+|\d+|(?=\.\d))(?:\.(\d+))?"
     r"(?:\s?(thousand|million|billion|trillion)\b|([kKmMbB])\b)?"
 )
 _SCALE_LETTERS = {"k": "thousand", "m": "million", "b": "billion"}
@@ -114,7 +123,7 @@ _SAID_SYMBOLS = {".": "dot", "_": "underscore", "+": "plus", "-": "dash", "/": "
 _ISO_DATE = re.compile(r"(?<![\w/.-])(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w/-])")
 _SHORT_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d\d)(?![\w/])")
 # 3-5, 500-1000, 2019-2020; a first number above the second is a score (3-2), kept
-_RANGE = re.compile(r"(?<![\w.,:$€£/-])(\d{1,4})\s?[-–]\s?(\d{1,4})(?![\w/:-]|[.,]\d)")
+_RANGE = re.compile(r"(?<![\w.,:$€£¥₹/-])(\d{1,4})\s?[-–]\s?(\d{1,4})(?![\w/:-]|[.,]\d)")
 _RANGE_WORDS = re.compile(r"(?i:\b(?:range[sd]?|ranging|from|between|pages?|ages?|aged)\b)")
 _MINUS = re.compile(r"(?<![\w.,:)\]/-])[-−](?=\d)")
 _FRACTIONS = {"1/2": "one half", "1/3": "one third", "2/3": "two thirds"}
@@ -151,6 +160,14 @@ _ABBREVIATION = re.compile(
     rf"(?<![\w.])(?i:{'|'.join(map(re.escape, en.ABBREVIATIONS))})(?=[\s,;:)!?]|$)"
 )
 _STAR_CODE = re.compile(r"(?<![\w*])\*(\d{2,3})(?![\d*])")  # *67: dialled, "star six seven"
+# 2x, 10x: a multiple
+_MULTIPLE = re.compile(r"(?<![\w.])(\d+)x(?=[\s,.!?;:]|$)")
+# AB-1234-CD: three or more groups of capitals and digits, read group by group
+_HYPHEN_CODE = re.compile(
+    r"(?<![\w-])(?=[\w-]*[A-Z])(?=[\w-]*\d)[A-Z\d]+(?:-[A-Z\d]+){2,}(?![\w-])"
+)
+_RETIREMENT = re.compile(r"\b(40[13])\(([kb])\)")  # 401(k), 403(b)
+_QUARTER_YEAR = re.compile(rf"\b((?:Q[1-4]|H[12]|FY)\s?){_YEAR}")
 _GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmith42
 
 
@@ -365,6 +382,7 @@ def normalize_english(text: str) -> str:
     corpus."""
     text = _EMAIL.sub(lambda m: f"{_say_address(m[1])} at {_say_address(m[2])}", text)
     text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
+    text = _CODE_AMOUNT.sub(lambda m: _CURRENCY_CODES[m[1] or m[4]] + (m[2] or m[3]), text)
     text = _AMOUNT.sub(_en_currency, text)
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
     text = _SHORT_DATE.sub(_en_short_date, text)
@@ -382,6 +400,7 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
     text = re.sub(r"\bNo\.\s?(?=\d)|#(?=[A-Z]*\d)", "number ", text)
     text = _TIMES.sub(" times ", text)
+    text = _RETIREMENT.sub(lambda m: f"{en.digits(m[1], zero='oh')} {m[2]}", text)
     text = _STAR_CODE.sub(lambda m: f"star {en.digits(m[1])}", text)
     text = _KEYS.sub(lambda m: "pound" if m[0] == "#" else "star", text)
     text = _TIME_RANGE.sub(lambda m: f"{m[1]} to ", text)
@@ -393,6 +412,7 @@ def normalize_english(text: str) -> str:
     text = _PHONE_LOCAL.sub(lambda m: en.phone("", m[1], m[2]), text)
     text = _MINUS.sub("minus ", text)
     text = _DIGIT_GROUPS.sub(lambda m: ", ".join(map(en.digits, re.split("[ -]", m[0]))), text)
+    text = _HYPHEN_CODE.sub(lambda m: ", ".join(map(en.spell, m[0].split("-"))), text)
     text = _MERIDIEM_TIME.sub(_en_meridiem, text)
     text = _TIME.sub(lambda m: en.clock(int(m[1]), int(m[2])), text)
     text = re.sub(r"\bext\.?(?=\s*\d)", "extension", text)
@@ -402,6 +422,7 @@ def normalize_english(text: str) -> str:
     text = _DATE.sub(_en_date, text)
     text = _MONTH_YEAR.sub(_en_year_after, text)
     text = _YEARS.sub(_en_year_after, text)
+    text = _QUARTER_YEAR.sub(lambda m: f"{en.spell(m[1].strip())} {en.year(int(m[2]))}", text)
     text = _YEAR_AFTER.sub(_en_year_after, text)
     text = _DECADE.sub(lambda m: en.decade(int(m[1])), text)
     text = _SHORT_DECADE.sub(lambda m: en.decade(1900 + int(m[1]))[len("nineteen ") :], text)
@@ -411,6 +432,7 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"(\d[\d,]*)\.(\d+)%", lambda m: _en_decimal(m) + " percent", text)
     text = re.sub(r"(\d[\d,]*)%", lambda m: _number(m[1]) + " percent", text)
     text = re.sub(r"\b(\d{1,15})(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
+    text = _MULTIPLE.sub(lambda m: f"{m[1]} times", text)
     text = _GLUED.sub(" ", text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)", _en_decimal, text)
     text = _DIGIT_STRING.sub(_en_digit_string, text)
