@@ -691,3 +691,18 @@ def test_auth_on(make_server: Callable[..., BackgroundServer], tmp_path: Any) ->
     url = f"{server.http}/v1/text-to-speech/{voice_of(server)}/stream?output_format=pcm_16000"
     assert httpx.post(url, json={"text": "Hi."}).status_code == 401
     assert httpx.post(url, json={"text": "Hi."}, headers={"xi-api-key": key}).status_code == 200
+
+
+def test_a_break_tag_is_a_pause_not_words_and_the_alignment_shows_the_words(
+    server: BackgroundServer,
+) -> None:
+    """What was seen: ElevenLabs' `<break time="1s"/>` (which its API takes in plain
+    text) was read out as "break time equals one s" and came back in the alignment."""
+
+    async def main() -> None:
+        heard = await spoken(multi_url(server), 'Hello there. <break time="1s" /> How are you?')
+        assert heard.audio and not heard.errors
+        chars = "".join(c for al in heard.alignments for c in al["chars"])
+        assert chars.split() == ["Hello", "there.", "How", "are", "you?"], chars
+
+    run(main())

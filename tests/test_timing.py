@@ -131,3 +131,13 @@ def test_captions_show_an_llms_markdown_as_the_words_it_marks(server):
     assert " ".join(e["text"] for e in words) == "Great news: see the page for details."
     said = [w["word"] for e in words for w in e["words"]]
     assert said == ["Great", "news:", "see", "the", "page", "for", "details."]
+
+
+def test_captions_show_the_words_of_speech_markup_not_its_tags(server):
+    text = (
+        '<speak>Hello, <emphasis level="strong">there</emphasis>. <break time="1s"/> Bye.</speak>'
+    )
+    stream = _spoken_stream(server, text)
+    assert stream[-1]["type"] == "turn.done", stream[-1]
+    words = [e for e in stream if isinstance(e, dict) and e["type"] == "turn.words"]
+    assert [w["word"] for e in words for w in e["words"]] == ["Hello,", "there.", "Bye."]

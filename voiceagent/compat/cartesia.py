@@ -41,6 +41,7 @@ from ..auth.gate import Principal, principal_of
 from ..protocol.errors import ErrorCode
 from ..protocol.json_text import parse_json
 from ..session.port import SessionHost
+from ..text.markup import without_markup
 from ..text.timing import SpokenSegment
 from .cartesia_request import (
     BYTES_CONTAINERS,
@@ -48,7 +49,6 @@ from .cartesia_request import (
     Generation,
     error_body,
     parse_generation,
-    without_tags,
 )
 from .context_socket import ContextSocket, serve_context_socket
 from .utterance import ApiError, Utterance, json_body, streamed
@@ -89,14 +89,14 @@ class CartesiaApi:
             if not isinstance(body, dict):
                 raise ApiError(ErrorCode.INVALID_MESSAGE, "the body must be a JSON object")
             text = body.get("transcript")
-            if not isinstance(text, str) or not without_tags(text).strip():
+            if not isinstance(text, str) or not without_markup(text).strip():
                 raise ApiError(ErrorCode.INVALID_PARAMETER, "transcript must be a non-empty string")
             gen = parse_generation(body, self.model_name, BYTES_CONTAINERS)
             utterance = Utterance(self.host, principal_of(request), gen.options, API)
         except ApiError as exc:
             return http_error(exc)
         try:
-            utterance.push(without_tags(text))
+            utterance.push(without_markup(text))
             utterance.end()
         except ApiError as exc:
             utterance.close()
@@ -213,7 +213,7 @@ class CartesiaSocket(ContextSocket):
         transcript = msg.get("transcript")
         if not isinstance(transcript, str):
             raise ApiError(ErrorCode.INVALID_MESSAGE, "transcript (a string) is required")
-        text = without_tags(transcript)
+        text = without_markup(transcript)
         for name in ("continue", "flush"):
             if msg.get(name) is not None and not isinstance(msg[name], bool):
                 raise ApiError(ErrorCode.INVALID_PARAMETER, f"{name} must be true or false")

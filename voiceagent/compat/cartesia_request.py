@@ -10,7 +10,6 @@ that would be wrong (an unknown voice, encoding or rate) are refused with a stab
 
 from __future__ import annotations
 
-import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -34,27 +33,11 @@ NAMED_SPEEDS = {"slowest": 0.6, "slow": 0.8, "normal": 1.0, "fast": 1.25, "faste
 DEFAULT_BUFFER_DELAY_MS = 3000  # Cartesia's default `max_buffer_delay_ms`
 MAX_BUFFER_DELAY_MS = 5000
 
-# Cartesia's inline markup (<break time="1s"/>, <spell>...</spell>, <emotion .../>, ...):
-# this model would read it out, so it is taken out of the text (the words inside stay).
-_TAGS = re.compile(r"</?(?:spell|emotion|break|volume|speed)\b[^>]*>", re.IGNORECASE)
-
 
 def is_cartesia_model(name: str) -> bool:
     """`sonic`, `sonic-2`, `sonic-3`, `sonic-latest`, dated ones: each means this server's
     model (there is only one)."""
     return name == "sonic" or name.startswith("sonic-")
-
-
-def without_tags(text: str) -> str:
-    """The text less Cartesia's markup. A tag between two letters or digits becomes a
-    space (it was all that kept two words apart); anywhere else it simply goes."""
-    out, at = [], 0
-    for m in _TAGS.finditer(text):
-        before = text[m.start() - 1] if m.start() else ""
-        after = text[m.end()] if m.end() < len(text) else ""
-        out += [text[at : m.start()], " " if before.isalnum() and after.isalnum() else ""]
-        at = m.end()
-    return "".join(out) + text[at:] if out else text
 
 
 def _invalid(message: str) -> ApiError:

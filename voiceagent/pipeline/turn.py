@@ -24,7 +24,7 @@ from ..engine.lm_engine import EngineError, EngineUnavailable, TokenStream
 from ..model.contract import PAD_TOKEN, Voice
 from ..model.sampling import SamplingParams
 from ..ops.logs import bind
-from ..text.normalize import normalize, strip_markdown
+from ..text.normalize import normalize, said_text
 from ..text.segmenter import Segmenter, SegmenterConfig
 from ..text.timing import SpokenSegment
 
@@ -348,8 +348,8 @@ class Turn:
 
     async def _spoken(self, segment: str, first: int) -> None:
         speed = self.settings.speed
-        # captions show the words said: an LLM's markdown marks are not (normalize drops them)
-        text = strip_markdown(segment)
+        # captions show the words said, not the markup or markdown around them
+        text = said_text(segment)
         spoken = SpokenSegment.of_tokens(text, first, len(self.tokens), speed, self._paused_ms)
         if self._on_spoken is not None:
             await self._on_spoken(spoken)

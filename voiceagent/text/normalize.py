@@ -20,6 +20,7 @@ from . import english as en
 from .chinese import chinese_number, normalize_chinese
 from .english import number as english_number
 from .english import ordinal as english_ordinal
+from .markup import without_markup
 
 __all__ = ["chinese_number", "english_number", "english_ordinal", "normalize", "normalize_english"]
 
@@ -459,8 +460,14 @@ def strip_markdown(text: str) -> str:
     return _MD_MARKS.sub("", _MD_LINK.sub(r"\1", text))
 
 
+def said_text(text: str) -> str:
+    """The words a client's text asks to be said, before any reading rule: its speech
+    markup (`text/markup.py`) and an LLM's markdown out. Captions show this."""
+    return strip_markdown(without_markup(text))
+
+
 def normalize(text: str, language: str = "auto") -> str:
-    text = strip_markdown(text)
+    text = said_text(text)
     if language == "auto" and _KANA_HANGUL.search(text):
         return text  # Japanese or Korean: left to the model's own frontend
     if language == "zh" or (language == "auto" and _CJK.search(text)):
