@@ -1,15 +1,17 @@
 """Spell out numbers and symbols so the LM reads words, not digits.
 
 English, the way a call-center agent reads it (docs/protocol.md, "English readings"):
-cardinals, decimals, ordinals (1st, 22nd), percentages, currency ($, €, £), clock times
-(9:40, 9:08 PM), US phone numbers in their groups, years in date contexts (July 13th,
-1955; since 2019), codes digit by digit or letter by letter (880270, 6W7EKQ, FVGMJ),
-house and unit numbers (1420 Oak Dr., Unit 21B), titles (Mrs. Stewart), units after a
-number (5kg, 12GB, 72°F), toll-free numbers spelled as words (1-800-FLOWERS) and a few
-symbols (&, +, =, @). The readings are voiceagent/text/english.py's, which the training
-corpus uses too; this module finds where each applies. Chinese: the same quantities as
-Chinese numerals (一百二十三, 三点一四, 百分之五十). Text with any CJK character is
-treated as Chinese unless a language is given.
+cardinals, decimals, ordinals (1st, 22nd), percentages, currency ($, €, £, ¥, ₹, USD 50),
+clock times (9:40, 9:08 PM), US phone numbers in their groups, years in date contexts
+(July 13th, 1955; since 2019), codes digit by digit or letter by letter (880270, 6W7EKQ,
+FVGMJ), house and unit numbers (1420 Oak Dr., Unit 21B), titles (Mrs. Stewart), units
+after a number (5kg, 12GB, 72°F), toll-free numbers spelled as words (1-800-FLOWERS), an
+LLM's shorthand ($5/mo, Mon-Fri, etc., e.g.) and a few symbols (&, +, =, @). The
+readings are voiceagent/text/english.py's, which the training corpus uses too; this
+module finds where each applies. Chinese: the same quantities as Chinese numerals
+(text/chinese.py). Text with any CJK character is treated as Chinese unless a language
+is given. In every language, speech markup (text/markup.py) and an LLM's markdown are
+read as the words they mark.
 """
 
 from __future__ import annotations
