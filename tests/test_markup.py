@@ -3,6 +3,8 @@ are not read out; the words inside them are, a break is a pause, a sub says its 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from voiceagent.text.markup import without_markup
@@ -40,3 +42,15 @@ def test_the_server_never_reads_a_tag_out_loud():
     """What was seen: '<break time="1s"/>' was read 'break time equals one s'."""
     said = normalize('Your total is $5. <break time="1s"/> <emphasis>Thank you</emphasis>!')
     assert said == "Your total is five dollars. Thank you!"
+
+
+@pytest.mark.parametrize("piece", ["<sub alias='x'>", '<sub alias="', "a <break/>", "<speak"])
+def test_a_turns_worth_of_unclosed_or_repeated_tags_costs_no_more_than_text(piece):
+    """What was seen: 15,000 characters of unclosed `<sub alias>` tags took 32 s to read
+    (the pattern backtracked over the rest of the text at every tag). A turn reaches the
+    reader in segments of about 200 characters, where that cost is small; any other
+    caller may pass a whole text. The bound is loose: a busy machine is slower."""
+    text = piece * (20_000 // len(piece))  # a session's turn holds at most 20,000
+    began = time.perf_counter()
+    normalize(text)
+    assert time.perf_counter() - began < 2.0
