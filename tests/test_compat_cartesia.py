@@ -306,6 +306,27 @@ def test_continue_holds_text_and_a_flush_speaks_it_as_a_group_of_its_own(server)
     assert second_start >= group_1 - 0.001  # group 2's words follow group 1's audio
 
 
+def test_a_break_tag_split_across_pushes_is_a_pause_not_words(server):
+    """Cartesia's `<break time="1s"/>`, cut in two by the sender: the words around it
+    come back, the tag does not, and the words after it start a second later."""
+
+    async def go():
+        async with sdk(server) as client, client.tts.websocket_connect() as conn:
+            ctx = conn.context(
+                model_id="sonic-3", voice=VOICE, output_format=raw(), add_timestamps=True
+            )
+            await ctx.push("Hello there my friend. <break ti")
+            await ctx.push('me="1s"/> Bye now.')
+            await ctx.no_more_inputs()
+            return await receive(ctx)
+
+    heard = run(go())
+    assert heard.types[-1] == "done"
+    check_words(heard, "Hello there my friend. Bye now.", len(heard.audio) / 32000)
+    ends = {w: (s, e) for w, s, e in heard.times}
+    assert ends["Bye"][0] - ends["friend."][1] >= 1.0, heard.times
+
+
 async def next_message(ws: Any) -> dict[str, Any]:
     return dict(json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT)))
 

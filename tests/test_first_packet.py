@@ -508,8 +508,8 @@ def test_a_reference_chunking_turn_cuts_its_chunks_on_the_models_grid(small):
     sizes: list[tuple[bool, int]] = []
     synthesize = engine.acoustic.synthesize
 
-    async def spy(stream: Any, tokens: list[int], final: bool, pause: bool = False) -> Any:
-        result = await synthesize(stream, tokens, final, pause)
+    async def spy(stream: Any, tokens: list[int], final: bool, *rest: Any) -> Any:
+        result = await synthesize(stream, tokens, final, *rest)
         sizes.append((bool(stream.flow_state["grid"][0]), len(tokens) - small.pre_lookahead))
         return result
 

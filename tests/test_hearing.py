@@ -150,3 +150,24 @@ def test_our_voice_is_understood_on_a_phone_call(server: BackgroundServer) -> No
     clips = [(asyncio.run(one(text)), 8000) for text in SENTENCES]
     ours, reversed_ = heard(clips)
     assert ours <= REAL_TIME_BOUND < reversed_, (ours, reversed_)
+
+
+def test_a_break_tag_is_heard_as_silence_between_words_said(server: BackgroundServer) -> None:
+    """`<break time="1.5s"/>` between two sentences: 1.5 s of silence there, and the
+    recognizer hears the two sentences (not "break time")."""
+    text = f'{SENTENCES[0]} <break time="1.5s"/> {SENTENCES[1]}'
+    _, frames = asyncio.run(intelligibility.speak(server.url, text, SEED))
+    pcm = intelligibility.decode_opus(frames)
+    window = intelligibility.OPUS_RATE // 50  # 20 ms
+    n = len(pcm) // window
+    rms = np.sqrt(np.mean(pcm[: n * window].reshape(n, window) ** 2, axis=1))
+    quiet = rms < rms.max() / 100  # 40 dB under the loudest
+    longest = run = 0
+    for q in quiet:
+        run = run + 1 if q else 0
+        longest = max(longest, run)
+    assert longest * 20 >= 1400, longest * 20
+    said = wer.transcribe(pcm, intelligibility.OPUS_RATE)
+    assert "break" not in said.split(), said
+    joined = f"{SENTENCES[0]} {SENTENCES[1]}"
+    assert wer.corpus_wer([(joined, said)]) <= BOUND, said

@@ -141,3 +141,20 @@ def test_captions_show_the_words_of_speech_markup_not_its_tags(server):
     assert stream[-1]["type"] == "turn.done", stream[-1]
     words = [e for e in stream if isinstance(e, dict) and e["type"] == "turn.words"]
     assert [w["word"] for e in words for w in e["words"]] == ["Hello,", "there.", "Bye."]
+
+
+def test_a_break_tag_is_that_much_silence_between_the_words(server):
+    """`<break time="1.2s"/>`: 1.2 s more audio there (a pause, not the words "break
+    time"), and the captions after it count it."""
+    broken = _spoken_stream(server, 'Hello there, my friend. <break time="1.2s"/> Goodbye now.')
+    plain = _spoken_stream(server, "Hello there, my friend. Goodbye now.")
+    for stream in (broken, plain):
+        assert stream[-1]["type"] == "turn.done", stream[-1]
+    words = [e for e in broken if isinstance(e, dict) and e["type"] == "turn.words"]
+    assert " ".join(e["text"] for e in words) == "Hello there, my friend. Goodbye now."
+    before, after = words[-2], words[-1]
+    assert after["start_ms"] - before["end_ms"] >= 1200, (before, after)
+    # the same tokens with the silence between: the turn is that much longer (the tiny
+    # model's random vocoder makes noise of silence too; tests/test_hearing.py hears it)
+    longer = broken[-1]["sent_ms"] - plain[-1]["sent_ms"]
+    assert 1200 <= longer <= 1200 + 200, longer

@@ -96,7 +96,7 @@ class CartesiaApi:
         except ApiError as exc:
             return http_error(exc)
         try:
-            utterance.push(without_markup(text))
+            utterance.push(text)  # its markup too: a <break> is a pause the turn places
             utterance.end()
         except ApiError as exc:
             utterance.close()
@@ -213,7 +213,7 @@ class CartesiaSocket(ContextSocket):
         transcript = msg.get("transcript")
         if not isinstance(transcript, str):
             raise ApiError(ErrorCode.INVALID_MESSAGE, "transcript (a string) is required")
-        text = without_markup(transcript)
+        said = without_markup(transcript)  # what is said; the markup goes on to the turn
         for name in ("continue", "flush"):
             if msg.get(name) is not None and not isinstance(msg[name], bool):
                 raise ApiError(ErrorCode.INVALID_PARAMETER, f"{name} must be true or false")
@@ -222,21 +222,21 @@ class CartesiaSocket(ContextSocket):
         ctx = self._contexts.get(context_id)
         if ctx is None:
             gen = parse_generation(msg, self.model_name, WS_CONTAINERS)
-            if not text.strip() and not go_on:  # nothing to say, nothing to come
+            if not said.strip() and not go_on:  # nothing to say, nothing to come
                 await self.send_done(context_id)
                 return
             ctx = self._open(context_id, gen)
         part = ctx.taking
         if part is None:  # its text has ended; only an empty repeat of the end is fine
-            if text.strip() or flush:
+            if said.strip() or flush:
                 raise ApiError(
                     ErrorCode.INVALID_MESSAGE,
                     f"context {context_id[:80]!r} has ended its input (continue: false); "
                     "send more text in a new context",
                 )
             return
-        if text:
-            part.utterance.push(text)
+        if transcript:
+            part.utterance.push(transcript)
         if flush or not go_on:
             ctx.stop_timer()
             if flush and go_on:  # later text is the next group's
@@ -255,7 +255,7 @@ class CartesiaSocket(ContextSocket):
                 ctx.parts.put_nowait(None)
             part.acknowledge = flush
             part.utterance.end()
-        elif not text.strip() or ctx.gen.buffer_delay_ms == 0:
+        elif not said.strip() or ctx.gen.buffer_delay_ms == 0:
             part.utterance.flush()  # speak what is held now
         elif not part.utterance.turn.holds_text:
             ctx.stop_timer()  # a sentence end took all that was held: the delay restarts

@@ -91,6 +91,7 @@ class _Job:
     final: bool
     done: Callable[[ChunkResult | BaseException], None]
     pause: bool = False  # silence instead of the flow's mel (`synthesize`)
+    silence: int = 0  # a pause's mel frames beyond what lets out the held audio
     mel: torch.Tensor | None = field(default=None)
     t0: float = field(default_factory=time.perf_counter)
     times: ChunkTimes = field(default_factory=lambda: ChunkTimes(time.monotonic()))
@@ -218,12 +219,18 @@ class AcousticWorker:
             self._primed_states.pop((name, grid), None)
 
     async def synthesize(
-        self, stream: AcousticStream, tokens: list[int], final: bool, pause: bool = False
+        self,
+        stream: AcousticStream,
+        tokens: list[int],
+        final: bool,
+        pause: bool = False,
+        silence: int = 0,
     ) -> ChunkResult:
         """The audio of one chunk of a turn. `pause`: no tokens but silence, as much as
         the vocoder and the framing hold back, so that what they hold comes out (its
-        right context silence) while the turn waits for text; the turn goes on after it
-        as after a pause in its speech."""
+        right context silence) while the turn waits for text, and `silence` more mel
+        frames (a break the text asked for); the turn goes on after it as after a pause
+        in its speech."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[ChunkResult] = loop.create_future()
 
@@ -239,7 +246,7 @@ class AcousticWorker:
             with contextlib.suppress(RuntimeError):  # its event loop is gone: nobody waits
                 loop.call_soon_threadsafe(settle)
 
-        self._jobs.put(_Job(stream, tokens, final, done, pause))
+        self._jobs.put(_Job(stream, tokens, final, done, pause, silence))
         self.metrics.acoustic_waiting.inc()
         return await fut
 
@@ -310,7 +317,10 @@ class AcousticWorker:
         t0 = time.perf_counter()
         _stamp(jobs, "flow_start")
         jobs = self._stage(
-            jobs, lambda j: (len(j.tokens), j.stream.grid, j.pause), self._flow, self._flow_commit
+            jobs,
+            lambda j: (len(j.tokens), j.stream.grid, j.pause, j.silence),
+            self._flow,
+            self._flow_commit,
         )
         _stamp(jobs, "flow_end")
         t1 = time.perf_counter()
@@ -399,7 +409,7 @@ class AcousticWorker:
         return (stream.vocoder or self.model.vocoder).hold_back + 2
 
     def _silence(self, job: _Job) -> torch.Tensor:
-        shape = (self.model.mel_bins, self.pause_frames(job.stream))
+        shape = (self.model.mel_bins, self.pause_frames(job.stream) + job.silence)
         return torch.full(shape, SILENT_LOG_MEL, device=self.model.device)
 
     def _flow_commit(self, job: _Job, out: _Out) -> None:

@@ -18,12 +18,13 @@ import torch
 
 from ..audio.format import MODEL_RATE
 from ..audio.framing import Framer
-from ..engine.acoustic import AcousticStream, ChunkResult, ChunkTimes
+from ..engine.acoustic import AcousticStream, ChunkTimes
 from ..engine.embedded import EmbeddedEngine
 from ..engine.lm_engine import EngineError, EngineUnavailable, TokenStream
 from ..model.contract import PAD_TOKEN, Voice
 from ..model.sampling import SamplingParams
 from ..ops.logs import bind
+from ..text.markup import trailing_break
 from ..text.normalize import normalize, said_text
 from ..text.segmenter import Segmenter, SegmenterConfig
 from ..text.timing import SpokenSegment
@@ -300,6 +301,12 @@ class Turn:
                 holding = False
             if (segment := await self._next_segment()) is None:
                 break
+            segment, break_ms = trailing_break(segment)
+            if break_ms and not said_text(segment).strip():  # a pause alone
+                if not self._last_segment():
+                    await self._pause(break_ms)
+                    holding = False
+                continue
             pending: list[int] = []
             first = len(self.tokens)
             async for new in (lm := await self._tokens_of(segment)):
@@ -315,19 +322,30 @@ class Turn:
             await self._spoken(segment, first)
             # End of segment: the tail gets zero lookahead; flow state carries on. It is
             # the turn's last chunk when only the end marker is left in the queue.
-            final = self._text_ended and self._segments.qsize() == 1
+            final = self._last_segment()
             await self._chunk(pending + [PAD_TOKEN] * look, final=final)
             holding = not final
+            if break_ms and not final:  # the text asked for a pause here
+                await self._pause(break_ms)
+                holding = False
         if not final:  # the text ended after the last segment's tail was sent
             await self._chunk([PAD_TOKEN] * look, final=True)
 
-    async def _pause(self) -> None:
+    def _last_segment(self) -> bool:
+        """The segment just taken is the turn's last: only the end marker is queued."""
+        return self._text_ended and self._segments.qsize() == 1
+
+    async def _pause(self, break_ms: float = 0.0) -> None:
         """Let out the audio the acoustic stage holds, with silence after it: no more text
-        has come, and the listener is about to hear all that was let out before."""
+        has come, and the listener is about to hear all that was let out before; or the
+        text asked for a break of `break_ms` (then at least that much silence)."""
         assert self._acoustic is not None
-        await self._chunk([PAD_TOKEN] * self.engine.model.pre_lookahead, final=False, pause=True)
-        frames = self.engine.acoustic.pause_frames(self._acoustic)
-        self._paused_ms += frames * MEL_FRAME_MS / self.settings.speed
+        speed = self.settings.speed
+        extra = max(0, round(break_ms * speed / MEL_FRAME_MS))  # mel frames, pre-stretch
+        look = self.engine.model.pre_lookahead
+        await self._chunk([PAD_TOKEN] * look, final=False, pause=True, silence=extra)
+        frames = self.engine.acoustic.pause_frames(self._acoustic) + extra
+        self._paused_ms += frames * MEL_FRAME_MS / speed
 
     def _chunk_size(self) -> int:
         """New tokens in the next chunk: the schedule's, or up to the next grid line."""
@@ -356,11 +374,13 @@ class Turn:
         else:
             await self.output.put(spoken)
 
-    async def _chunk(self, tokens: list[int], final: bool, pause: bool = False) -> None:
+    async def _chunk(
+        self, tokens: list[int], final: bool, pause: bool = False, silence: int = 0
+    ) -> None:
         assert self._acoustic is not None
         self._chunked += len(tokens) - self.engine.model.pre_lookahead
         acoustic = self.engine.acoustic
-        result: ChunkResult = await acoustic.synthesize(self._acoustic, tokens, final, pause)
+        result = await acoustic.synthesize(self._acoustic, tokens, final, pause, silence)
         if not np.isfinite(result.pcm).all():  # a broken model must not reach a listener
             raise EngineError("the acoustic model produced non-finite audio")
         if self.stats.first_chunk is None:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .markup import BREAK_TAG
+
 SENTENCE_END = ".!?;…"
 CJK_SENTENCE_END = "。！？；\n"  # marks that end a sentence without a following space
 CLAUSE = ",:—"
@@ -75,6 +77,8 @@ class Segmenter:
         first = self._emitted == 0
         for i in range(lead, window):
             ch = buf[i]
+            if ch == "<" and (tag := BREAK_TAG.match(buf, i)):
+                return tag.end()  # a pause: the turn adds its silence after this segment
             long_enough = i + 1 - lead >= cfg.first_min_chars
             if ch in CJK_SENTENCE_END or (first and ch in CJK_CLAUSE and long_enough):
                 return i + 1
