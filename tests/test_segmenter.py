@@ -194,3 +194,17 @@ def test_any_split_into_deltas_gives_the_segments_of_the_whole_text(text, cuts):
     whole = feed([text])
     assert feed(deltas) == whole
     assert all(len(s) <= 200 for s in whole)
+
+
+def test_a_break_tag_ends_a_segment_and_a_long_text_is_never_cut_inside_one():
+    seg = Segmenter()
+    assert seg.push('Hello there. <break time="1s"/> How') == [
+        "Hello there.",
+        '<break time="1s"/>',
+    ]
+    # 200 characters without a mark force a cut: never inside a tag still arriving
+    words = "word " * 38 + "ab "
+    cut = seg.push(" are you? " + words + '<break strength="str')
+    cut += seg.push('ong"/> then more.') + seg.flush()
+    assert '<break strength="strong"/>' in cut, cut
+    assert cut[-1] == "then more."

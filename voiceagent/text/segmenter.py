@@ -136,7 +136,7 @@ def _forced_cut(buf: str, lead: int, window: int) -> int:
     """A cut in a text that reached `max_chars` without one: after the last clause mark
     in it, else at the last space with no digit on either side (so that "March 3, 2024"
     and "(332) 555-0163" stay whole), else at the last space, else at the limit."""
-    spaces = [k for k in range(window - 1, lead, -1) if buf[k].isspace()]
+    spaces = [k for k in range(window - 1, lead, -1) if buf[k].isspace() and not _in_tag(buf, k)]
     for k in spaces:
         if buf[k - 1] in CLAUSE + ";" and not _joins_next(buf, k - 1, k):
             return k + 1
@@ -144,6 +144,12 @@ def _forced_cut(buf: str, lead: int, window: int) -> int:
         if not any(c.isdigit() for c in _word_before(buf, k) + _word_after(buf, k + 1)):
             return k + 1
     return spaces[0] + 1 if spaces else window
+
+
+def _in_tag(buf: str, k: int) -> bool:
+    """Whether `k` is inside a markup tag ('<break time="1s"/>'), which a cut would
+    leave to be read as words."""
+    return buf.rfind("<", 0, k) > buf.rfind(">", 0, k)
 
 
 def _word_after(buf: str, i: int) -> str:
