@@ -158,3 +158,9 @@ def test_a_break_tag_is_that_much_silence_between_the_words(server):
     # model's random vocoder makes noise of silence too; tests/test_hearing.py hears it)
     longer = broken[-1]["sent_ms"] - plain[-1]["sent_ms"]
     assert 1200 <= longer <= 1200 + 200, longer
+
+
+def test_a_turn_of_markup_alone_ends_without_speech(server):
+    stream = _spoken_stream(server, '<speak><break strength="none"/></speak>')
+    assert stream[-1]["type"] == "turn.done", stream[-1]
+    assert not [e for e in stream if isinstance(e, dict) and e["type"] == "turn.words"]

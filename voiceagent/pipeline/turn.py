@@ -302,8 +302,8 @@ class Turn:
             if (segment := await self._next_segment()) is None:
                 break
             segment, break_ms = trailing_break(segment)
-            if break_ms and not said_text(segment).strip():  # a pause alone
-                if not self._last_segment():
+            if not said_text(segment).strip():  # markup alone: a pause, or nothing
+                if break_ms and not self._last_segment():
                     await self._pause(break_ms)
                     holding = False
                 continue
