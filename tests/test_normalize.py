@@ -200,7 +200,7 @@ def test_english_is_read_the_way_an_agent_says_it(written, said):
         ("You have 2024 reward points.", "You have two thousand twenty-four reward points."),
         ("We have stores in 1500 cities.", "We have stores in one thousand five hundred cities."),
         ("It took 10000 steps.", "It took ten thousand steps."),
-        ("Room 305, gate 12.", "Room three hundred five, gate twelve."),
+        ("Gate 305, gate 12.", "Gate three hundred five, gate twelve."),
         ("Please do NOT share your PIN with NASA.", "Please do NOT share your PIN with NASA."),
         ("CALL NOW FOR A FREE QUOTE.", "CALL NOW FOR A FREE QUOTE."),
         ("World War II and Henry VIII.", "World War II and Henry VIII."),
@@ -363,12 +363,41 @@ def test_a_toll_free_number_spelled_as_words_is_said_as_them(written, said):
         # "AB-one thousand two hundred thirty-four-CD", "two x"
         ("Ref: AB-1234-CD.", "Ref: A B, one two three four, C D."),
         ("Get 2x points.", "Get two times points."),
-        # left alone: a date without a year, a pair of words, a name with a number
-        ("Due 12/25 and/or later.", "Due twelve/twenty-five and/or later."),
+        # left alone: a slash with no date word before it, a pair of words, a name with a
+        # number
+        ("Ratio 12/25 and/or later.", "Ratio twelve/twenty-five and/or later."),
         ("COVID-19 rules.", "COVID-nineteen rules."),
     ],
 )
 def test_an_llms_shorthand_is_said_in_full(written, said):
+    assert normalize(written) == said
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # a month and day after a word that expects a date; read before as
+        # "twelve/twenty-five", "one half"
+        ("Payment is due 12/25.", "Payment is due December twenty-fifth."),
+        (
+            "Closed from 12/24 - 12/26.",
+            "Closed from December twenty-fourth to December twenty-sixth.",
+        ),
+        ("It ships by 1/2.", "It ships by January second."),
+        ("Add 1/2 cup.", "Add one half cup."),
+        # flight, room and route numbers in pairs; read before as "one thousand two hundred
+        # thirty-four", "U A one two three four"
+        ("Flight UA 1234 is on time.", "Flight U A twelve thirty-four is on time."),
+        ("Your flight DL415 boards.", "Your flight D L four fifteen boards."),
+        ("Go to room 1204.", "Go to room twelve oh four."),
+        ("Room 12 is free.", "Room twelve is free."),
+        ("It is 1000 Main St.", "It is one thousand Main Street."),
+        # "no. five thousand ..."
+        ("Order no. 5521 shipped.", "Order number five thousand five hundred twenty-one shipped."),
+        ("No. 5 is open.", "Number five is open."),
+    ],
+)
+def test_dates_flights_and_rooms_are_said_as_people_say_them(written, said):
     assert normalize(written) == said
 
 

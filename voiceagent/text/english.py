@@ -177,8 +177,8 @@ def decade(n: int) -> str:
 def house_number(n: int) -> str:
     """How an address's number is said: 12 -> 'twelve', 315 -> 'three fifteen',
     1420 -> 'fourteen twenty', 1405 -> 'fourteen oh five', 2008 -> 'two thousand eight',
-    longer ones digit by digit."""
-    if n < 100:
+    3000 -> 'three thousand', longer ones digit by digit. Flights and rooms are said so too."""
+    if n < 100 or n in range(1000, 10000, 1000):
         return number(n)
     if n < 1000:
         head, tail = divmod(n, 100)

@@ -2,16 +2,19 @@
 
 English, the way a call-center agent reads it (docs/protocol.md, "English readings"):
 cardinals, decimals, ordinals (1st, 22nd), percentages, currency ($, €, £, ¥, ₹, USD 50),
-clock times (9:40, 9:08 PM), US phone numbers in their groups, years in date contexts
-(July 13th, 1955; since 2019), codes digit by digit or letter by letter (880270, 6W7EKQ,
-FVGMJ), house and unit numbers (1420 Oak Dr., Unit 21B), titles (Mrs. Stewart), units
-after a number (5kg, 12GB, 72°F), toll-free numbers spelled as words (1-800-FLOWERS), an
-LLM's shorthand ($5/mo, Mon-Fri, etc., e.g.) and a few symbols (&, +, =, @). The
-readings are voiceagent/text/english.py's, which the training corpus uses too; this
-module finds where each applies. Chinese: the same quantities as Chinese numerals
-(text/chinese.py). Text with any CJK character is treated as Chinese unless a language
-is given. In every language, speech markup (text/markup.py) and an LLM's markdown are
-read as the words they mark.
+clock times (9:40, 9:08 PM), US phone numbers in their groups, dates and years in date
+contexts (July 13th, 1955; since 2019; due 12/25), codes digit by digit or letter by
+letter (880270, 6W7EKQ, FVGMJ), house, unit, flight and room numbers (1420 Oak Dr., Unit
+21B, Flight UA 1234), titles (Mrs. Stewart), units after a number (5kg, 12GB, 72°F),
+toll-free numbers spelled as words (1-800-FLOWERS), an LLM's shorthand ($5/mo, Mon-Fri,
+etc., e.g.) and a few symbols (&, +, =, @). The readings are voiceagent/text/english.py's,
+which the training corpus uses too; this module finds where each applies. Chinese: the
+same quantities as Chinese numerals (text/chinese.py). Text with any CJK character is
+treated as Chinese unless a language is given. In every language, speech markup
+(text/markup.py) and an LLM's markdown are read as the words they mark.
+
+Over 500 lines: one ordered list of patterns, each beside its small handler, and the
+order is the meaning (normalize_english); split, the order would be out of sight.
 """
 
 from __future__ import annotations
@@ -125,6 +128,17 @@ _URL = re.compile(
 )
 _SAID_SYMBOLS = {".": "dot", "_": "underscore", "+": "plus", "-": "dash", "/": "slash"}
 _ISO_DATE = re.compile(r"(?<![\w/.-])(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w/-])")
+# 'due 12/25', 'from 3/1 to 3/15': a month and day (US order) where a date is expected
+_DATE_WORD = r"(?i:on|by|due|until|till|before|after|from|through|starting|expires?|effective)"
+_MONTH_DAY = re.compile(
+    rf"\b({_DATE_WORD}\s+)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
+    r"(?:(\s*(?:-|–|to|through|and)\s*)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9]))?(?![\w/])"
+)
+# 'Flight UA 1234', 'flight 415', 'Room 1204': said in pairs, "twelve thirty-four"
+_PAIRED_NUMBER = re.compile(
+    r"\b((?i:flight|room|bus|route|train)\s+)([A-Z]{2}(?=\s?\d)|[A-Z]\d(?=\s)|\d[A-Z](?=\s))?"
+    r"\s?([1-9]\d{2,3})(?![\w-]|[.,]\d)"
+)
 _SHORT_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d\d)(?![\w/])")
 # 3-5, 500-1000, 2019-2020; a first number above the second is a score (3-2), kept
 _RANGE = re.compile(r"(?<![\w.,:$€£¥₹/-])(\d{1,4})\s?[-–]\s?(\d{1,4})(?![\w/:-]|[.,]\d)")
@@ -251,6 +265,21 @@ def _en_short_date(m: re.Match[str]) -> str:
     the 1900s)."""
     yy = int(m[3])
     return en.date(int(m[1]), int(m[2]), (1900 if yy > 50 else 2000) + yy)
+
+
+def _en_month_day(m: re.Match[str]) -> str:
+    """'due 12/25' -> 'due December twenty-fifth'; a range's end too."""
+    said = m[1] + en.date(int(m[2]), int(m[3]))
+    if m[4]:
+        joint = " to " if m[4].strip() in ("-", "–") else m[4]
+        said += joint + en.date(int(m[5]), int(m[6]))
+    return said
+
+
+def _en_paired_number(m: re.Match[str]) -> str:
+    """'Flight UA 1234' -> 'Flight U A twelve thirty-four'."""
+    airline = f"{en.spell(m[2])} " if m[2] else ""
+    return m[1] + airline + en.house_number(int(m[3]))
 
 
 def _en_address(m: re.Match[str]) -> str:
@@ -390,6 +419,7 @@ def normalize_english(text: str) -> str:
     text = _AMOUNT.sub(_en_currency, text)
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
     text = _SHORT_DATE.sub(_en_short_date, text)
+    text = _MONTH_DAY.sub(_en_month_day, text)
     text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
     text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1']}", text)
     text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
@@ -402,7 +432,8 @@ def normalize_english(text: str) -> str:
     )
     text = _TITLE.sub(_en_title, text)
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
-    text = re.sub(r"\bNo\.\s?(?=\d)|#(?=[A-Z]*\d)", "number ", text)
+    text = re.sub(r"\b([Nn])o\.\s?(?=\d)|#(?=[A-Z]*\d)", lambda m: f"{m[1] or 'n'}umber ", text)
+    text = _PAIRED_NUMBER.sub(_en_paired_number, text)
     text = _TIMES.sub(" times ", text)
     text = _RETIREMENT.sub(lambda m: f"{en.digits(m[1], zero='oh')} {m[2]}", text)
     text = _STAR_CODE.sub(lambda m: f"star {en.digits(m[1])}", text)
