@@ -395,9 +395,23 @@ def test_an_llms_shorthand_is_said_in_full(written, said):
         # "no. five thousand ..."
         ("Order no. 5521 shipped.", "Order number five thousand five hundred twenty-one shipped."),
         ("No. 5 is open.", "Number five is open."),
+        # read before as "eleven/thirty", "Tue", "Sat and Sun", "N Y", "~five"
+        ("Your balance as of 11/30.", "Your balance as of November thirtieth."),
+        ("See you Tue, Dec 8.", "See you Tuesday, December eighth."),
+        ("Or Wed 12/9.", "Or Wednesday December ninth."),
+        ("Open Sat & Sun. Call us.", "Open Saturday and Sunday. Call us."),
+        ("I Sat down in the Sun.", "I Sat down in the Sun."),
+        (
+            "Mail it to New York, NY 10001.",
+            "Mail it to New York, New York one zero zero zero one.",
+        ),
+        ("The wait is ~5 minutes.", "The wait is about five minutes."),
+        # "two point zero.one", "one hundred ninety-two point one hundred sixty-eight..."
+        ("Update to version 2.0.1 now.", "Update to version two point zero point one now."),
+        ("Ping 192.168.1.1 first.", "Ping one nine two dot one six eight dot one dot one first."),
     ],
 )
-def test_dates_flights_and_rooms_are_said_as_people_say_them(written, said):
+def test_dates_days_places_and_versions_are_said_as_people_say_them(written, said):
     assert normalize(written) == said
 
 

@@ -129,7 +129,12 @@ _URL = re.compile(
 _SAID_SYMBOLS = {".": "dot", "_": "underscore", "+": "plus", "-": "dash", "/": "slash"}
 _ISO_DATE = re.compile(r"(?<![\w/.-])(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w/-])")
 # 'due 12/25', 'from 3/1 to 3/15': a month and day (US order) where a date is expected
-_DATE_WORD = r"(?i:on|by|due|until|till|before|after|from|through|starting|expires?|effective)"
+_DAY_SHORT = r"(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)"
+_DAY = rf"({_DAY_SHORT})(?:day|sday|nesday|rsday|urday)?"
+_DATE_WORD = (
+    r"(?:(?i:on|by|due|until|till|before|after|from|through|starting|expires?|effective"
+    rf"|as\s+of)|{_DAY_SHORT}(?:day|sday|nesday|rsday|urday)?\.?,?)"
+)
 _MONTH_DAY = re.compile(
     rf"\b({_DATE_WORD}\s+)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
     r"(?:(\s*(?:-|–|to|through|and)\s*)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9]))?(?![\w/])"
@@ -171,9 +176,17 @@ _RATING = re.compile(
     r"\b((?i:rated|rating(?:\s+of)?|scored?(?:\s+of)?)\s+)?(\d+(?:\.\d+)?)\s?/\s?(\d+)\b"
     r"(?=(\s+stars?\b)?)"
 )
-_DAY = r"(Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)(?:day|sday|nesday|rsday|urday)?"
 _DAYS = re.compile(rf"\b{_DAY}\.?\s?[-–]\s?{_DAY}(?![\w-])(\.)?")
 _DAY_NAMES = {d[:3]: d for d in en.WEEKDAYS}
+# 'Tue, Dec 8', 'Sat & Sun': a weekday's abbreviation beside a date or another day
+_DAY_LIST = re.compile(
+    rf"\b{_DAY_SHORT}\b\.?(?:(?:\s*[&,]\s*|\s+(?:and|or)\s+){_DAY_SHORT}\b\.?)+"
+    rf"|\b{_DAY_SHORT}\b\.?(?=,?\s+(?:{_MONTH}|\d))"
+)
+_STATE_ZIP = re.compile(rf"(?<=,\s)({'|'.join(en.STATES)})(?=\s+\d{{5}}(?:-\d{{4}})?\b)")
+# 'version 2.0.1', 'v3.2.1': a point between each part; 192.168.1.1: digits and "dot"
+_VERSION = re.compile(r"(?<![\w.])(v?)(\d{1,2}(?:\.\d{1,3}){2})(?![\w]|\.\d)")
+_IP = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?![\w]|\.\d)")
 _ABBREVIATION = re.compile(
     rf"(?<![\w.])(?i:{'|'.join(map(re.escape, en.ABBREVIATIONS))})(?=[\s,;:)!?]|$)"
 )
@@ -345,6 +358,14 @@ def _en_days(m: re.Match[str]) -> str:
     return f"{_DAY_NAMES[m[1][:3]]} to {_DAY_NAMES[m[2][:3]]}{_keep_stop(m, 3)}"
 
 
+def _en_day_list(m: re.Match[str]) -> str:
+    """'Sat & Sun' -> 'Saturday and Sunday'; 'Tue, Dec 8' -> 'Tuesday, Dec 8'."""
+    said = re.sub(rf"\b({_DAY_SHORT})\b\.?", lambda d: _DAY_NAMES[d[1][:3]], m[0])
+    rest = m.string[m.end() :]
+    ends = m[0].endswith(".") and (not rest.strip() or re.match(r"\s+[A-Z]", rest))
+    return said.replace("&", "and") + ("." if ends else "")
+
+
 def _en_abbreviation(m: re.Match[str]) -> str:
     """'etc.' -> 'et cetera' (and the full stop again when it also ended the sentence);
     'E.g.' -> 'For example'."""
@@ -415,6 +436,7 @@ def normalize_english(text: str) -> str:
     corpus."""
     text = _EMAIL.sub(lambda m: f"{_say_address(m[1])} at {_say_address(m[2])}", text)
     text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
+    text = re.sub(r"(?<![\w~])~\s?(?=[$€£¥₹]?\d)", "about ", text)
     text = _CODE_AMOUNT.sub(lambda m: _CURRENCY_CODES[m[1] or m[4]] + (m[2] or m[3]), text)
     text = _AMOUNT.sub(_en_currency, text)
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
@@ -425,6 +447,10 @@ def normalize_english(text: str) -> str:
     text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
     text = _RATING.sub(_en_rating, text)
     text = _DAYS.sub(_en_days, text)
+    text = _DAY_LIST.sub(_en_day_list, text)
+    text = _STATE_ZIP.sub(lambda m: en.STATES[m[1]], text)
+    text = _IP.sub(lambda m: " dot ".join(map(en.digits, m[0].split("."))), text)
+    text = _VERSION.sub(lambda m: m[1] + " point ".join(m[2].split(".")), text)
     text = _ABBREVIATION.sub(_en_abbreviation, text)
     text = _ADDRESS.sub(_en_address, text)
     text = _ORDINAL_STREET.sub(
