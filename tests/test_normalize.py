@@ -409,6 +409,17 @@ def test_an_llms_shorthand_is_said_in_full(written, said):
         # "two point zero.one", "one hundred ninety-two point one hundred sixty-eight..."
         ("Update to version 2.0.1 now.", "Update to version two point zero point one now."),
         ("Ping 192.168.1.1 first.", "Ping one nine two dot one six eight dot one dot one first."),
+        # read before as "#C L M, ...", "seventeen o'clock", "five'eleven"", "****one
+        # thousand ...", "Dept.", "pound: eight ..."
+        (
+            "Claim #CLM-2024-00123 is paid.",
+            "Claim number C L M, two zero two four, zero zero one two three is paid.",
+        ),
+        ("We close at 17:30 today.", "We close at five thirty P M today."),
+        ("He is 5'11\" tall.", "He is five foot eleven tall."),
+        ("Card ****1234 or XXXX-XXXX-5678.", "Card one two three four or five six seven eight."),
+        ("Call the Dept. of Labor.", "Call the Department of Labor."),
+        ("Ref #: 88123, P.O. Box 12.", "Ref number: eight eight one two three, P O Box twelve."),
     ],
 )
 def test_dates_days_places_and_versions_are_said_as_people_say_them(written, said):

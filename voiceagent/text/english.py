@@ -64,7 +64,9 @@ UNITS = {
 # Abbreviations an LLM writes, said in full.
 ABBREVIATIONS = {
     "etc.": "et cetera", "e.g.": "for example", "i.e.": "that is", "vs.": "versus",
-    "approx.": "approximately", "w/o": "without", "w/": "with",
+    "approx.": "approximately", "w/o": "without", "w/": "with", "dept.": "department",
+    "appt.": "appointment", "acct.": "account", "qty.": "quantity", "qty": "quantity",
+    "p.o. box": "P O Box",
 }  # fmt: skip
 # a state's postal code before a ZIP code ('Austin, TX 78701') is said as its name
 STATES = {

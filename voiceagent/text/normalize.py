@@ -84,6 +84,9 @@ _VANITY = re.compile(
 _PHONE_LOCAL = re.compile(r"(?<![\w+$.,-])([2-9]\d\d)-(\d{4})(?![\w-]|[.,]\d)")
 _MERIDIEM_TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s?([AaPp])\.?\s?[Mm]\b(\.)?")
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
+# ****1234, ••••4321, XXXX-1234: the last digits of a masked number, one by one
+_MASKED = re.compile(r"(?:[*•●xX]{2,}[\s-]?)+(\d{2,6})\b")
+_HEIGHT = re.compile(r"\b([1-8])'\s?(1[01]|\d)(?:\"|'')")  # 5'11": five foot eleven
 _YEAR = r"(1[1-9]\d\d|20\d\d)\b(?![.,]\d|\s*%)"
 _SLASH_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d{4})(?![\w/])")
 _DATE_WITH_YEAR = re.compile(rf"\b({_MONTH}\s+)(\d{{1,2}})(?:st|nd|rd|th)?\b(,?\s+){_YEAR}")
@@ -312,6 +315,20 @@ def _en_meridiem(m: re.Match[str]) -> str:
     return en.clock(hour, minute, m.group(3).upper() + "M") + _keep_stop(m, 4)
 
 
+def _en_number_sign(m: re.Match[str]) -> str:
+    """'No. 5' -> 'Number five', '#A12345' -> 'number A one two ...'."""
+    return f"{m[1] or 'n'}umber "
+
+
+def _en_clock(m: re.Match[str]) -> str:
+    """'9:40' -> 'nine forty'; a 24-hour time after noon is said as the 12-hour one
+    ('17:30' -> 'five thirty P M')."""
+    hour, minute = int(m[1]), int(m[2])
+    if 13 <= hour <= 23 and minute <= 59:
+        return en.clock(hour - 12, minute, "PM")
+    return en.clock(hour, minute)
+
+
 def _month(said: str) -> str:
     """'Jan. ' -> 'January ': a month's abbreviation in a date is said in full."""
     return _MONTH_SHORT.sub(lambda m: _MONTHS[m[1]], said)
@@ -458,7 +475,10 @@ def normalize_english(text: str) -> str:
     )
     text = _TITLE.sub(_en_title, text)
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
-    text = re.sub(r"\b([Nn])o\.\s?(?=\d)|#(?=[A-Z]*\d)", lambda m: f"{m[1] or 'n'}umber ", text)
+    text = re.sub(r"\b([Nn])o\.\s?(?=\d)|#(?=[A-Z][A-Z\d-]*\d|\d)", _en_number_sign, text)
+    text = re.sub(r"(?<=\w )#(?=:)", "number", text)  # 'Ref #: 88123'
+    text = _MASKED.sub(lambda m: en.digits(m[1]), text)
+    text = _HEIGHT.sub(lambda m: f"{en.number(int(m[1]))} foot {en.number(int(m[2]))}", text)
     text = _PAIRED_NUMBER.sub(_en_paired_number, text)
     text = _TIMES.sub(" times ", text)
     text = _RETIREMENT.sub(lambda m: f"{en.digits(m[1], zero='oh')} {m[2]}", text)
@@ -475,7 +495,7 @@ def normalize_english(text: str) -> str:
     text = _DIGIT_GROUPS.sub(lambda m: ", ".join(map(en.digits, re.split("[ -]", m[0]))), text)
     text = _HYPHEN_CODE.sub(lambda m: ", ".join(map(en.spell, m[0].split("-"))), text)
     text = _MERIDIEM_TIME.sub(_en_meridiem, text)
-    text = _TIME.sub(lambda m: en.clock(int(m[1]), int(m[2])), text)
+    text = _TIME.sub(_en_clock, text)
     text = re.sub(r"\bext\.?(?=\s*\d)", "extension", text)
     text = _DIGITS_AFTER.sub(_en_digits_after, text)
     text = _SLASH_DATE.sub(_en_slash_date, text)
