@@ -158,6 +158,8 @@ def test_a_closing_quote_or_bracket_after_a_full_stop_still_ends_the_sentence():
         "Send it to P.O. Box 4521 in Dayton.",
         "The U.S. Postal Service delivers it.",
         "Ask Prof. Lee or Martin Jr. about it.",
+        "Call the Dept. of Labor about your Acct. No. 5512 soon.",
+        "Your appt. is on Tue. Dec. 8 at noon.",
     ],
 )
 def test_an_abbreviation_inside_a_sentence_does_not_cut_it(text):

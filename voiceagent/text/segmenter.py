@@ -4,8 +4,8 @@ The first segment of a turn is cut early (at a clause mark once it has a few wor
 the first audio does not wait for a whole sentence; later segments end at sentence
 marks. A mark only counts once the character after it is known (so "3.5" is not cut),
 except for CJK marks, which need no following space. Segments are normalized one by
-one, so a cut must not split what is read as one: a title or a short month and its
-full stop ("Dr. Jones", "Jan. 5"), an initialism before a small letter ("5 p.m. on"),
+one, so a cut must not split what is read as one: a title, a short month or weekday and
+its full stop ("Dr. Jones", "Tue. Jan. 5"), an initialism before a small letter ("5 p.m. on"),
 a date's or a number's comma ("July 13th, 1955").
 """
 
@@ -27,6 +27,8 @@ ABBREVIATIONS = frozenset(
     {"Mr", "Mrs", "Ms", "Dr", "St", "Apt", "Ste", "No", "vs", "ext", "Prof", "Jr", "Sr"}
     | {"approx", "Fig", "vol", "Ave", "Blvd", "Rd", "Ln", "Ct", "N", "S", "E", "W"}
     | {"Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"}
+    | {"Mon", "Tue", "Tues", "Wed", "Thu", "Thur", "Thurs", "Fri", "Sat", "Sun"}
+    | {"Dept", "Acct", "appt", "Appt", "Qty", "qty"}
 )
 # "p.m", "e.g", "U.S": an initialism before its last full stop
 _INITIALISM = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
