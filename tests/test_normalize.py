@@ -399,6 +399,7 @@ def test_an_llms_shorthand_is_said_in_full(written, said):
         ("Your balance as of 11/30.", "Your balance as of November thirtieth."),
         ("See you Tue, Dec 8.", "See you Tuesday, December eighth."),
         ("Or Wed 12/9.", "Or Wednesday December ninth."),
+        ("On Tue. Dec. 8 at noon.", "On Tuesday December eighth at noon."),
         ("Open Sat & Sun. Call us.", "Open Saturday and Sunday. Call us."),
         ("I Sat down in the Sun.", "I Sat down in the Sun."),
         (

@@ -379,7 +379,9 @@ def _en_day_list(m: re.Match[str]) -> str:
     """'Sat & Sun' -> 'Saturday and Sunday'; 'Tue, Dec 8' -> 'Tuesday, Dec 8'."""
     said = re.sub(rf"\b({_DAY_SHORT})\b\.?", lambda d: _DAY_NAMES[d[1][:3]], m[0])
     rest = m.string[m.end() :]
-    ends = m[0].endswith(".") and (not rest.strip() or re.match(r"\s+[A-Z]", rest))
+    date_follows = re.match(rf",?\s+(?:{_MONTH}|\d)", rest)
+    ends = m[0].endswith(".") and not date_follows
+    ends = ends and (not rest.strip() or re.match(r"\s+[A-Z]", rest))
     return said.replace("&", "and") + ("." if ends else "")
 
 
