@@ -421,6 +421,18 @@ def test_an_llms_shorthand_is_said_in_full(written, said):
         ("Card ****1234 or XXXX-XXXX-5678.", "Card one two three four or five six seven eight."),
         ("Call the Dept. of Labor.", "Call the Department of Labor."),
         ("Ref #: 88123, P.O. Box 12.", "Ref number: eight eight one two three, P O Box twelve."),
+        # read before as "fifteen percentminus twenty percent", "fifty to sixty%", "fifty
+        # dollars-one hundred dollars", "US$twenty", "one:one", "Jan-Mar", "ET"
+        (
+            "You save 15%-20%, or 50-60% off.",
+            "You save fifteen to twenty percent, or fifty to sixty percent off.",
+        ),
+        (
+            "It costs $50-$100, or US$20.",
+            "It costs fifty dollars to one hundred dollars, or twenty dollars.",
+        ),
+        ("A 1:1 match at 1:30.", "A one to one match at one thirty."),
+        ("Open Jan-Mar, 9 AM to 5 PM ET.", "Open January to March, nine A M to five P M E T."),
     ],
 )
 def test_dates_days_places_and_versions_are_said_as_people_say_them(written, said):

@@ -180,6 +180,16 @@ _RATING = re.compile(
     r"(?=(\s+stars?\b)?)"
 )
 _DAYS = re.compile(rf"\b{_DAY}\.?\s?[-–]\s?{_DAY}(?![\w-])(\.)?")
+# 'Jan-Mar': a range of months
+_MONTHS_RANGE = re.compile(
+    r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)[a-z]*\.?\s?[-–]\s?"
+    r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)[a-z]*(?![\w-])(\.)?"
+)
+# '15%-20%', '50-60%': one "percent", after the range
+_PERCENT_RANGE = re.compile(r"(?<![\w.,])(\d+(?:\.\d+)?)%?\s?[-–]\s?(\d+(?:\.\d+)?)%(?![\w%])")
+_AMOUNTS_RANGE = re.compile(r"(?<=\d)\s?[-–]\s?(?=[$€£¥₹]\d)")  # '$50-$100': "to"
+_RATIO = re.compile(r"(?<![\d:.])(\d{1,3}):(\d)(?![\d:])")  # 1:1, 3:2 (a time has 2 digits)
+_TIME_ZONE = re.compile(r"(?<=\b[AP] M )([ECMP][SD]?T)\b")  # '5 PM ET'
 _DAY_NAMES = {d[:3]: d for d in en.WEEKDAYS}
 # 'Tue, Dec 8', 'Sat & Sun': a weekday's abbreviation beside a date or another day
 _DAY_LIST = re.compile(
@@ -375,6 +385,11 @@ def _en_days(m: re.Match[str]) -> str:
     return f"{_DAY_NAMES[m[1][:3]]} to {_DAY_NAMES[m[2][:3]]}{_keep_stop(m, 3)}"
 
 
+def _en_months_range(m: re.Match[str]) -> str:
+    """'Jan-Mar' -> 'January to March'."""
+    return f"{_MONTHS[m[1][:3]]} to {_MONTHS[m[2][:3]]}{_keep_stop(m, 3)}"
+
+
 def _en_day_list(m: re.Match[str]) -> str:
     """'Sat & Sun' -> 'Saturday and Sunday'; 'Tue, Dec 8' -> 'Tuesday, Dec 8'."""
     said = re.sub(rf"\b({_DAY_SHORT})\b\.?", lambda d: _DAY_NAMES[d[1][:3]], m[0])
@@ -456,6 +471,9 @@ def normalize_english(text: str) -> str:
     text = _EMAIL.sub(lambda m: f"{_say_address(m[1])} at {_say_address(m[2])}", text)
     text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
     text = re.sub(r"(?<![\w~])~\s?(?=[$€£¥₹]?\d)", "about ", text)
+    text = text.replace("US$", "$")
+    text = _AMOUNTS_RANGE.sub(" to ", text)
+    text = _PERCENT_RANGE.sub(lambda m: f"{m[1]} to {m[2]}%", text)
     text = _CODE_AMOUNT.sub(lambda m: _CURRENCY_CODES[m[1] or m[4]] + (m[2] or m[3]), text)
     text = _AMOUNT.sub(_en_currency, text)
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
@@ -466,6 +484,7 @@ def normalize_english(text: str) -> str:
     text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
     text = _RATING.sub(_en_rating, text)
     text = _DAYS.sub(_en_days, text)
+    text = _MONTHS_RANGE.sub(_en_months_range, text)
     text = _DAY_LIST.sub(_en_day_list, text)
     text = _STATE_ZIP.sub(lambda m: en.STATES[m[1]], text)
     text = _IP.sub(lambda m: " dot ".join(map(en.digits, m[0].split("."))), text)
@@ -497,6 +516,8 @@ def normalize_english(text: str) -> str:
     text = _DIGIT_GROUPS.sub(lambda m: ", ".join(map(en.digits, re.split("[ -]", m[0]))), text)
     text = _HYPHEN_CODE.sub(lambda m: ", ".join(map(en.spell, m[0].split("-"))), text)
     text = _MERIDIEM_TIME.sub(_en_meridiem, text)
+    text = _TIME_ZONE.sub(lambda m: en.spell(m[1]), text)
+    text = _RATIO.sub(lambda m: f"{m[1]} to {m[2]}", text)
     text = _TIME.sub(_en_clock, text)
     text = re.sub(r"\bext\.?(?=\s*\d)", "extension", text)
     text = _DIGITS_AFTER.sub(_en_digits_after, text)
