@@ -225,10 +225,13 @@ def _number(written: str) -> str:
 def _keep_stop(m: re.Match[str], dot: int) -> str:
     """A full stop that ended an abbreviation ('p.m.', 'Ave.') also ends the sentence when
     the text ends after it or a capital follows: keep it then."""
-    if not m.group(dot):
-        return ""
+    return "." if m.group(dot) and _ends_sentence(m) else ""
+
+
+def _ends_sentence(m: re.Match[str]) -> bool:
+    """Whether the text ends after the match or a capital follows."""
     rest = m.string[m.end() :]
-    return "." if not rest.strip() or re.match(r"\s+[A-Z]", rest) else ""
+    return not rest.strip() or re.match(r"\s+[A-Z]", rest) is not None
 
 
 def _en_decimal(m: re.Match[str]) -> str:
@@ -393,10 +396,8 @@ def _en_months_range(m: re.Match[str]) -> str:
 def _en_day_list(m: re.Match[str]) -> str:
     """'Sat & Sun' -> 'Saturday and Sunday'; 'Tue, Dec 8' -> 'Tuesday, Dec 8'."""
     said = re.sub(rf"\b({_DAY_SHORT})\b\.?", lambda d: _DAY_NAMES[d[1][:3]], m[0])
-    rest = m.string[m.end() :]
-    date_follows = re.match(rf",?\s+(?:{_MONTH}|\d)", rest)
-    ends = m[0].endswith(".") and not date_follows
-    ends = ends and (not rest.strip() or re.match(r"\s+[A-Z]", rest))
+    date_follows = re.match(rf",?\s+(?:{_MONTH}|\d)", m.string[m.end() :])
+    ends = m[0].endswith(".") and not date_follows and _ends_sentence(m)
     return said.replace("&", "and") + ("." if ends else "")
 
 
@@ -406,9 +407,7 @@ def _en_abbreviation(m: re.Match[str]) -> str:
     words = en.ABBREVIATIONS[m[0].lower()]
     if m[0][0].isupper():
         words = words[0].upper() + words[1:]
-    rest = m.string[m.end() :]
-    ends = m[0].endswith(".") and (not rest.strip() or re.match(r"\s+[A-Z]", rest))
-    return words + ("." if ends else "")
+    return words + ("." if m[0].endswith(".") and _ends_sentence(m) else "")
 
 
 def _en_digits_after(m: re.Match[str]) -> str:
