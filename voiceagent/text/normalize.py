@@ -133,10 +133,11 @@ _SAID_SYMBOLS = {".": "dot", "_": "underscore", "+": "plus", "-": "dash", "/": "
 _ISO_DATE = re.compile(r"(?<![\w/.-])(\d{4})-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])(?![\w/-])")
 # 'due 12/25', 'from 3/1 to 3/15': a month and day (US order) where a date is expected
 _DAY_SHORT = r"(?:Mon|Tue|Tues|Wed|Thu|Thur|Thurs|Fri|Sat|Sun)"
-_DAY = rf"({_DAY_SHORT})(?:day|sday|nesday|rsday|urday)?"
+_DAY_END = r"(?:day|sday|nesday|rsday|urday)?"
+_DAY = rf"({_DAY_SHORT}){_DAY_END}"
 _DATE_WORD = (
     r"(?:(?i:on|by|due|until|till|before|after|from|through|starting|expires?|effective"
-    rf"|as\s+of)|{_DAY_SHORT}(?:day|sday|nesday|rsday|urday)?\.?,?)"
+    rf"|as\s+of)|{_DAY_SHORT}{_DAY_END}\.?,?)"
 )
 _MONTH_DAY = re.compile(
     rf"\b({_DATE_WORD}\s+)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
