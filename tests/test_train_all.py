@@ -67,6 +67,28 @@ def test_one_command_makes_a_voice_from_nothing_and_again_trains_it_further(
     last = json.loads((voice / "TRAINED").read_text())["steps"]
     assert last == {"lm": again["lm"] + 2, "flow": again["flow"], "vocoder": again["vocoder"] + 1}
 
+    # With --lm-anneal, the LM at its step target then trains that many steps more at
+    # a falling rate, once: the same command again finds everything done.
+    annealed = [*stepped, "--lm-anneal", "3"]
+    assert main(annealed) == 0
+    out = capfd.readouterr().out
+    assert timed(out).count("anneal") == 1, out
+    assert f"lm: annealing over steps {last['lm']}-{last['lm'] + 3}" in out, out
+    assert json.loads((voice / "TRAINED").read_text())["steps"]["lm"] == last["lm"] + 3
+    assert main(annealed) == 0
+    out = capfd.readouterr().out
+    assert "anneal: the LM was annealed over steps" in out and "lm: annealing" not in out, out
+    assert f"lm: at step {last['lm'] + 3}, --until-step {last['lm']} reached (skipped)" in out
+    assert json.loads((voice / "TRAINED").read_text())["steps"]["lm"] == last["lm"] + 3
+
+
+def test_an_lm_anneal_needs_the_step_it_starts_at(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "all", "--out", str(tmp_path / "w"), "--lm-anneal", "3"]) == 2
+    assert "--lm-anneal N (N > 0) goes with --lm-until-step" in capfd.readouterr().err
+    assert not (tmp_path / "w").exists()
+
 
 def test_the_second_process_stops_at_its_first_failure_and_then_frees_its_threads(
     tmp_path: Path,

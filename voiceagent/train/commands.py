@@ -305,20 +305,44 @@ def _lm(work: Path, args: argparse.Namespace) -> int:
         return code
     if (warm := _warm(work, args)) is None:
         return 2
+    at = lm_train.progress(work)
+    until, anneal = args.until_step, getattr(args, "anneal", None)
+    if anneal is None and until is not None and at is not None and at[0] >= until:
+        # Not even a last evaluation: its save would drop the record of a finished
+        # anneal, which `train all --lm-anneal` reads to know it is done.
+        print(f"lm: at step {at[0]}, --until-step {until} reached (skipped)")
+        return 0
     phonemes = getattr(args, "text", "phonemes") == "phonemes"
     lm_train.train(
         work,
         _budget_s(args),
         threads=getattr(args, "threads_now", None) or args.threads,
-        max_steps=args.until_step,
+        max_steps=until,
         lexicon=lm_train.pocketsphinx_lexicon() if phonemes else None,
         lexicon_notice=lm_train.pocketsphinx_notice() if phonemes else "",
         warm_start=warm[0],
         parent=warm[1],
-        anneal=getattr(args, "anneal", None),
+        anneal=anneal,
         device=device,
     )
     return 0
+
+
+def _lm_anneal(work: Path, args: argparse.Namespace) -> int:
+    """`train all --lm-anneal N`: once the LM is at its --lm-until-step, N more steps at a
+    falling rate. An anneal of N steps already finished is not started again; one cut
+    short goes on (`update.anneal_span`)."""
+    at = lm_train.progress(work)
+    if at is None or at[0] < args.until_step:
+        print(f"anneal: the LM is short of step {args.until_step} (skipped)")
+        return 0
+    step, (start, steps) = at
+    if steps == args.lm_anneal and step >= start + steps:
+        print(f"anneal: the LM was annealed over steps {start}-{step} (skipped)")
+        return 0
+    # No step target: the anneal's own end stops it (a target would stop it at once).
+    annealing = {"anneal": args.lm_anneal, "until_step": None}
+    return _lm(work, argparse.Namespace(**{**vars(args), **annealing}))
 
 
 def _flow_flags(p: argparse.ArgumentParser) -> None:
@@ -474,6 +498,14 @@ def _all_flags(p: argparse.ArgumentParser) -> None:
             help=f"train the {part} up to its step N (default: --until-step)",
         )
     p.add_argument(
+        "--lm-anneal",
+        type=int,
+        metavar="N",
+        help="once the LM is at --lm-until-step, train it N more steps at a falling "
+        "learning rate (train lm --anneal; 1500 cut the twentieth run's held-out loss by "
+        "0.31); an LM annealed over N steps is not annealed again",
+    )
+    p.add_argument(
         "--side-by-side",
         action="store_true",
         help="train the flow and then the vocoder in a second process while the LM trains, "
@@ -485,6 +517,9 @@ def _all(work: Path, args: argparse.Namespace) -> int:
     """Every stage in order (up to `check`); a complete one skips itself, a training
     stage trains its own budget (--lm-min ...) or --budget-min more minutes from its
     checkpoint."""
+    if args.lm_anneal is not None and (args.lm_until_step is None or args.lm_anneal < 1):
+        print("error: --lm-anneal N (N > 0) goes with --lm-until-step", file=sys.stderr)
+        return 2
     if _device(args) is None:  # before hours of teacher speech, not after
         return 2
     side: beside.SideRun | None = None
@@ -499,7 +534,10 @@ def _all(work: Path, args: argparse.Namespace) -> int:
             stage_args.threads_now = side.threads
         if stage.name == "export" and side is not None and (code := side.wait()) != 0:
             return code
-        if (code := _timed(stage, work, stage_args)) != 0:
+        code = _timed(stage, work, stage_args)
+        if code == 0 and stage.name == "lm" and args.lm_anneal:
+            code = _timed(ANNEAL, work, stage_args)
+        if code != 0:
             if side is not None:
                 side.wait()  # a failed LM leaves the other parts to finish their steps
             return code
@@ -585,6 +623,10 @@ STAGES = [
         _all,
     ),
 ]
+
+
+# Not a stage of its own (`train lm --anneal` is that): `all` runs it after the LM.
+ANNEAL = Stage("anneal", "anneal the LM (train all --lm-anneal)", _no_flags, _lm_anneal)
 
 
 def lowest_priority() -> None:

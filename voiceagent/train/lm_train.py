@@ -839,6 +839,16 @@ def warm_started(lm: SpeechLM, path: Path, parent: np.ndarray | None = None) -> 
     return len(same)
 
 
+def progress(work: Path) -> tuple[int, tuple[int, int]] | None:
+    """The LM checkpoint's step and its anneal's (start, steps) ((0, 0): none), read
+    without copying its tensors; None before the first checkpoint."""
+    if not checkpoint_path(work).is_file():
+        return None
+    state = torch.load(checkpoint_path(work), map_location="cpu", weights_only=True, mmap=True)
+    hyper = state["hyper"]
+    return state["step"], (hyper.get("anneal_from", 0), hyper.get("anneal_steps", 0))
+
+
 def before_anneal_path(work: Path) -> Path:
     """The checkpoint an anneal started from: to train on at the full rate instead."""
     return lm_dir(work) / "ckpt-before-anneal.pt"
