@@ -246,7 +246,7 @@ def test_ordinary_numbers_and_words_keep_their_readings(written, said):
         ("It is due Jan 15 at noon.", "It is due January fifteenth at noon."),
         # amounts with a scale or no dollars: "one dollar and fifty cents million"
         ("They raised $1.5 million.", "They raised one point five million dollars."),
-        ("A $5k deposit.", "A five thousand dollars deposit."),
+        ("A $5k deposit.", "A five thousand dollar deposit."),
         ("It costs $0.50 each.", "It costs fifty cents each."),
         ("It costs $.99 each.", "It costs ninety-nine cents each."),
         ("Gas is $3.999 a gallon.", "Gas is three point nine nine nine dollars a gallon."),
@@ -304,7 +304,7 @@ def test_what_an_audit_heard_misread_is_read_right(written, said):
         ),
         # not units: a code that ends in letters, a million, 5G
         ("Your code is YT9MB.", "Your code is Y T nine M B."),
-        ("A $5m loan on 5G.", "A five million dollars loan on five G."),
+        ("A $5m loan on 5G.", "A five million dollar loan on five G."),
     ],
 )
 def test_a_unit_after_a_number_is_said_by_its_name(written, said):
@@ -436,6 +436,43 @@ def test_an_llms_shorthand_is_said_in_full(written, said):
     ],
 )
 def test_dates_days_places_and_versions_are_said_as_people_say_them(written, said):
+    assert normalize(written) == said
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # After "a" and before the noun it describes, an amount is said in the singular
+        # (read before as "a fifty dollars gift card", "an eight feet wall").
+        ("A $50 gift card is yours.", "A fifty dollar gift card is yours."),
+        (
+            "You get a $5 credit and an $8 refund.",
+            "You get a five dollar credit and an eight dollar refund.",
+        ),
+        ("It is a $1.5 million deal.", "It is a one point five million dollar deal."),
+        ("There is a $0.50 fee.", "There is a fifty cent fee."),
+        ("There is a $2.50 fee.", "There is a two dollar fifty fee."),
+        ("It is an 8 ft wall and a 2 lb bag.", "It is an eight foot wall and a two pound bag."),
+        (
+            "Pick a 5 GB plan for a 100 mph ride.",
+            "Pick a five gigabyte plan for a one hundred mile per hour ride.",
+        ),
+        # not after an article, not before a noun, or a plan's name: as before
+        ("We charge $50 for that.", "We charge fifty dollars for that."),
+        ("Plan A $50 a month.", "Plan A fifty dollars a month."),
+        ("It costs a total of $50.", "It costs a total of fifty dollars."),
+        ("Add a 5 GB.", "Add a five gigabytes."),
+        ("That is a $1 fee.", "That is a one dollar fee."),
+        # "No." after what is numbered is "number" (read before as "Account. No.")
+        ("Your Acct. No. is 55.", "Your Account number is fifty-five."),
+        ("Give me the Policy No. please.", "Give me the Policy number please."),
+        ("Say your Order No.", "Say your Order number."),
+        ("No. That is not it.", "No. That is not it."),
+    ],
+)
+def test_an_amount_that_describes_a_noun_and_a_numbered_thing_are_said_as_people_say_them(
+    written, said
+):
     assert normalize(written) == said
 
 

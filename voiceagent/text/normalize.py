@@ -124,6 +124,14 @@ _AMOUNT = re.compile(
     r"(?:\s?(thousand|million|billion|trillion)\b|([kKmMbB])\b)?"
 )
 _SCALE_LETTERS = {"k": "thousand", "m": "million", "b": "billion"}
+# 'a $50 gift card', 'an 8 ft wall': "a" (a capital one only where a sentence starts,
+# not 'Plan A') before an amount, and a word after it
+_ARTICLE = re.compile(r"(?<![\w'’])(?:(a|an|An)|(A)) $")
+# 'Acct. No.', 'Policy No.': what is numbered, then "number" (not the word "no")
+_NUMBERED = re.compile(
+    r"\b(Acct\.?|Account|Policy|Order|Invoice|Claim|Ref\.?|Reference|Case|Ticket|Serial"
+    r"|Tracking|Confirmation|Member|Model|Part|Item|Phone|Tel\.?)\s+No(\.)(?=[\s,;:]|$)"
+)
 _EMAIL = re.compile(r"(?<![\w.+-])([A-Za-z0-9][\w.+-]*)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)")
 _URL = re.compile(
     r"(?<![\w@/.-])(?:https?://)?((?:www\.)?[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*"
@@ -235,12 +243,27 @@ def _ends_sentence(m: re.Match[str]) -> bool:
     return not rest.strip() or re.match(r"\s+[A-Z]", rest) is not None
 
 
+def _describes(m: re.Match[str]) -> bool:
+    """Whether an amount is said as a word that describes the noun after it: after "a"
+    and before a word ('a $50 gift card' is 'a fifty dollar gift card')."""
+    start = m.start()
+    article = _ARTICLE.search(m.string, max(0, start - 5), start)
+    if article is None or re.match(r"\s+[a-z]", m.string[m.end() : m.end() + 2]) is None:
+        return False
+    if article[2] is None:
+        return True
+    at = article.start()
+    return re.search(r"(?:^|[.!?:])\s*$", m.string[max(0, at - 3) : at]) is not None
+
+
 def _en_decimal(m: re.Match[str]) -> str:
     return f"{_number(m.group(1))} point {en.digits(m.group(2))}"
 
 
 def _en_currency(m: re.Match[str]) -> str:
     one, many, sub_one, sub_many = _CURRENCY[m[2]]
+    if describes := _describes(m):  # 'a $2.50 fee': 'a two dollar fifty fee'
+        many, sub_many = one, sub_one
     sign = "minus " if m[1] or m[3] else ""
     whole, frac = (m[4] or "0").replace(",", ""), m[5] or ""
     scale = m[6] or _SCALE_LETTERS.get((m[7] or "").lower())
@@ -252,6 +275,8 @@ def _en_currency(m: re.Match[str]) -> str:
     if dollars == 0 and cents:
         return sign + cent_words  # $0.50: 'fifty cents'
     words = f"{en.number(dollars)} {one if dollars == 1 else many}"
+    if cents and describes:
+        return f"{sign}{words} {en.number(cents)}"
     return sign + words + (f" and {cent_words}" if cents else "")
 
 
@@ -480,7 +505,7 @@ def normalize_english(text: str) -> str:
     text = _SHORT_DATE.sub(_en_short_date, text)
     text = _MONTH_DAY.sub(_en_month_day, text)
     text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
-    text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1']}", text)
+    text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1' and not _describes(m)]}", text)
     text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
     text = _RATING.sub(_en_rating, text)
     text = _DAYS.sub(_en_days, text)
@@ -489,6 +514,7 @@ def normalize_english(text: str) -> str:
     text = _STATE_ZIP.sub(lambda m: en.STATES[m[1]], text)
     text = _IP.sub(lambda m: " dot ".join(map(en.digits, m[0].split("."))), text)
     text = _VERSION.sub(lambda m: m[1] + " point ".join(m[2].split(".")), text)
+    text = _NUMBERED.sub(lambda m: f"{m[1]} number{_keep_stop(m, 2)}", text)
     text = _ABBREVIATION.sub(_en_abbreviation, text)
     text = _ADDRESS.sub(_en_address, text)
     text = _ORDINAL_STREET.sub(
