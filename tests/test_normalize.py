@@ -147,7 +147,7 @@ def test_other_languages_are_left_alone():
             "Call three three two, five five five, zero one six three"
             " or three three two, five five five, zero one six three.",
         ),
-        ("Call +1 332 555 0163.", "Call one three three two, five five five, zero one six three."),
+        ("Call +1 332 555 0163.", "Call one, three three two, five five five, zero one six three."),
         (
             "Our toll free number is 1-800-555-0105.",
             "Our toll free number is one eight hundred, five five five, zero one zero five.",
@@ -468,11 +468,31 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
         ("Give me the Policy No. please.", "Give me the Policy number please."),
         ("Say your Order No.", "Say your Order number."),
         ("No. That is not it.", "No. That is not it."),
+        ("Model # XR-500", "Model number X R, five zero zero"),
+        # letters, a hyphen and three or more digits: a code (was "I N C-four thousand
+        # eight hundred twenty-one"); two digits stay a number
+        (
+            "Ticket INC-4821, error E-404.",
+            "Ticket I N C, four eight two one, error E, four zero four.",
+        ),
+        ("Take I-95 north.", "Take I-ninety-five north."),
+        # a year between "my", "the" ... and what it dates (was "two thousand nineteen")
+        (
+            "My 2019 Honda and the 2020 election.",
+            "My twenty nineteen Honda and the twenty twenty election.",
+        ),
+        ("Our 2024 plan", "Our twenty twenty-four plan"),
+        (
+            "The 1999 students and 2019 cars.",
+            "The one thousand nine hundred ninety-nine students and two thousand nineteen cars.",
+        ),
+        # a country code, then a pause (was "one four one five, ..."); an even split
+        ("Call +1 (415) 555-0100.", "Call one, four one five, five five five, zero one zero zero."),
+        ("Call 1-800-555-0105.", "Call one eight hundred, five five five, zero one zero five."),
+        ("That is 50/50.", "That is fifty-fifty."),
     ],
 )
-def test_an_amount_that_describes_a_noun_and_a_numbered_thing_are_said_as_people_say_them(
-    written, said
-):
+def test_amounts_codes_years_and_numbered_things_are_said_as_people_say_them(written, said):
     assert normalize(written) == said
 
 

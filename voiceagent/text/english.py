@@ -223,12 +223,15 @@ def clock(hour: int, minute: int, meridiem: str | None = None) -> str:
 def phone(area: str, exchange: str, line: str, country: str = "") -> str:
     """A US number in the groups it is read in, a comma (a short pause) between groups:
     ('415', '555', '0142') -> 'four one five, five five five, zero one four two';
-    country '1' and area '800' -> 'one eight hundred, ...'. No area: 'five five five,
-    zero one four two'."""
+    country '1' -> 'one, four one five, ...', but with area '800' 'one eight hundred,
+    ...'. No area: 'five five five, zero one four two'."""
     head = country and digits(country)
     if area:
-        area_words = _AREA_AS_NUMBER.get(area) or digits(area)
-        head = f"{head} {area_words}".strip() + ","
+        if area in _AREA_AS_NUMBER:  # 'one eight hundred': one group
+            head = f"{head} {_AREA_AS_NUMBER[area]}".strip()
+        else:  # 'one, four one five': two
+            head = ", ".join(x for x in (head, digits(area)) if x)
+        head += ","
     return f"{head} {digits(exchange)}, {digits(line)}".strip()
 
 

@@ -94,6 +94,12 @@ _DATE = re.compile(rf"\b({_MONTH}\s+)(\d{{1,2}})(?:st|nd|rd|th)?\b(?![:.,]?\d|%)
 _MONTH_YEAR = re.compile(rf"\b({_MONTH},?\s+(?:of\s+)?){_YEAR}")
 _PREPOSITION = r"(?i:in|since|by|until|till|before|after|during|from|through|of|year|circa)"
 _YEAR_AFTER = re.compile(rf"\b({_PREPOSITION}\s+){_YEAR}")
+# 'my 2019 Honda', 'the 2020 election': a year between a determiner and what it dates
+# (a plural after it is counted: 'the 1999 students')
+_YEAR_BEFORE = re.compile(
+    r"\b((?i:my|your|our|their|his|her|its|the|a|this|that|last|next)\s+)(19\d\d|20\d\d)"
+    r"(?=\s+(?:[A-Z]|[a-z]*[a-rt-z]\b))"
+)
 # 'between 1990 and 2000', 'from 2019 to 2021', 'in 1990-1995'
 _YEARS = re.compile(
     rf"\b((?i:between|{_PREPOSITION})\s+){_YEAR}(\s*(?:-|–|and|to|or|through|until)\s*){_YEAR}"
@@ -130,7 +136,7 @@ _ARTICLE = re.compile(r"(?<![\w'’])(?:(a|an|An)|(A)) $")
 # 'Acct. No.', 'Policy No.': what is numbered, then "number" (not the word "no")
 _NUMBERED = re.compile(
     r"\b(Acct\.?|Account|Policy|Order|Invoice|Claim|Ref\.?|Reference|Case|Ticket|Serial"
-    r"|Tracking|Confirmation|Member|Model|Part|Item|Phone|Tel\.?)\s+No(\.)(?=[\s,;:]|$)"
+    r"|Tracking|Confirmation|Member|Model|Part|Item|Phone|Tel\.?)\s+(?:No(\.)|#)(?=[\s,;:]|$)"
 )
 _EMAIL = re.compile(r"(?<![\w.+-])([A-Za-z0-9][\w.+-]*)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)")
 _URL = re.compile(
@@ -215,9 +221,11 @@ _ABBREVIATION = re.compile(
 _STAR_CODE = re.compile(r"(?<![\w*])\*(\d{2,3})(?![\d*])")  # *67: dialled, "star six seven"
 # 2x, 10x: a multiple
 _MULTIPLE = re.compile(r"(?<![\w.])(\d+)x(?=[\s,.!?;:]|$)")
-# AB-1234-CD: three or more groups of capitals and digits, read group by group
+# AB-1234-CD: three or more groups of capitals and digits, read group by group; and
+# INC-4821: capitals, then three or more digits (I-95 keeps its number)
 _HYPHEN_CODE = re.compile(
-    r"(?<![\w-])(?=[\w-]*[A-Z])(?=[\w-]*\d)[A-Z\d]+(?:-[A-Z\d]+){2,}(?![\w-])"
+    r"(?<![\w-])(?:(?=[\w-]*[A-Z])(?=[\w-]*\d)[A-Z\d]+(?:-[A-Z\d]+){2,}|[A-Z]{1,4}-\d{3,})"
+    r"(?![\w-])"
 )
 _RETIREMENT = re.compile(r"\b(40[13])\(([kb])\)")  # 401(k), 403(b)
 _QUARTER_YEAR = re.compile(rf"\b((?:Q[1-4]|H[12]|FY)\s?){_YEAR}")
@@ -497,6 +505,7 @@ def normalize_english(text: str) -> str:
     text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
     text = re.sub(r"(?<![\w~])~\s?(?=[$€£¥₹]?\d)", "about ", text)
     text = text.replace("US$", "$")
+    text = re.sub(r"(?<![\w/.])50/50(?![\w/]|\.\d)", "fifty-fifty", text)
     text = _AMOUNTS_RANGE.sub(" to ", text)
     text = _PERCENT_RANGE.sub(lambda m: f"{m[1]} to {m[2]}%", text)
     text = _CODE_AMOUNT.sub(lambda m: _CURRENCY_CODES[m[1] or m[4]] + (m[2] or m[3]), text)
@@ -554,6 +563,7 @@ def normalize_english(text: str) -> str:
     text = _YEARS.sub(_en_year_after, text)
     text = _QUARTER_YEAR.sub(lambda m: f"{en.spell(m[1].strip())} {en.year(int(m[2]))}", text)
     text = _YEAR_AFTER.sub(_en_year_after, text)
+    text = _YEAR_BEFORE.sub(_en_year_after, text)
     text = _DECADE.sub(lambda m: en.decade(int(m[1])), text)
     text = _SHORT_DECADE.sub(lambda m: en.decade(1900 + int(m[1]))[len("nineteen ") :], text)
     text = re.sub(r"(?<![\w.,-])911(?![\w]|[.,]\d)", "nine one one", text)
