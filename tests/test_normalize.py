@@ -490,6 +490,15 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
         ("Call +1 (415) 555-0100.", "Call one, four one five, five five five, zero one zero zero."),
         ("Call 1-800-555-0105.", "Call one eight hundred, five five five, zero one zero five."),
         ("That is 50/50.", "That is fifty-fifty."),
+        # was "twelve/fifteen", "six' tall", "Ch. five", "Mt. Hood", "a.k.a."
+        ("I booked it for 12/15 at 3pm.", "I booked it for December fifteenth at three P M."),
+        ("I am 6' tall, by a 2' gap.", "I am six feet tall, by a two foot gap."),
+        ("Read Ch. 5, pp. 10-12.", "Read Chapter five, pages ten to twelve."),
+        (
+            "Mt. Hood, a.k.a. Wy'east, and Martin Jr.",
+            "Mount Hood, also known as Wy'east, and Martin Junior.",
+        ),
+        ("It's '6' or '7'.", "It's 'six' or 'seven'."),
     ],
 )
 def test_amounts_codes_years_and_numbered_things_are_said_as_people_say_them(written, said):

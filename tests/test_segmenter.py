@@ -160,6 +160,7 @@ def test_a_closing_quote_or_bracket_after_a_full_stop_still_ends_the_sentence():
         "Ask Prof. Lee or Martin Jr. about it.",
         "Call the Dept. of Labor about your Acct. No. 5512 soon.",
         "Your appt. is on Tue. Dec. 8 at noon.",
+        "Read Ch. 5 on pp. 10-12 before you climb Mt. Hood.",
     ],
 )
 def test_an_abbreviation_inside_a_sentence_does_not_cut_it(text):

@@ -66,8 +66,10 @@ ABBREVIATIONS = {
     "etc.": "et cetera", "e.g.": "for example", "i.e.": "that is", "vs.": "versus",
     "approx.": "approximately", "w/o": "without", "w/": "with", "dept.": "department",
     "appt.": "appointment", "acct.": "account", "qty.": "quantity", "qty": "quantity",
-    "p.o. box": "P O Box",
+    "p.o. box": "P O Box", "a.k.a.": "also known as", "jr.": "junior", "sr.": "senior",
+    "mt.": "mount", "ch.": "chapter", "pp.": "pages",
 }  # fmt: skip
+BEFORE_A_NAME = frozenset({"mt.", "a.k.a."})  # a capital after them starts no sentence
 # a state's postal code before a ZIP code ('Austin, TX 78701') is said as its name
 STATES = {
     "AL": "Alabama", "AK": "Alaska", "AZ": "Arizona", "AR": "Arkansas", "CA": "California",

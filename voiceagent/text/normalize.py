@@ -87,6 +87,7 @@ _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
 # ****1234, ••••4321, XXXX-1234: the last digits of a masked number, one by one
 _MASKED = re.compile(r"(?:[*•●xX]{2,}[\s-]?)+(\d{2,6})\b")
 _HEIGHT = re.compile(r"\b([1-8])'\s?(1[01]|\d)(?:\"|'')")  # 5'11": five foot eleven
+_FEET = re.compile(r"(?<![\w.'’])(\d{1,3})'(?=[\s,.;!?]|$)")  # 6' tall: six feet
 _YEAR = r"(1[1-9]\d\d|20\d\d)\b(?![.,]\d|\s*%)"
 _SLASH_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d{4})(?![\w/])")
 _DATE_WITH_YEAR = re.compile(rf"\b({_MONTH}\s+)(\d{{1,2}})(?:st|nd|rd|th)?\b(,?\s+){_YEAR}")
@@ -156,6 +157,10 @@ _DATE_WORD = (
 _MONTH_DAY = re.compile(
     rf"\b({_DATE_WORD}\s+)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])"
     r"(?:(\s*(?:-|–|to|through|and)\s*)(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9]))?(?![\w/])"
+)
+# 'for 12/15 at 3pm': a month and day before a time
+_MONTH_DAY_AT = re.compile(
+    r"(?<![\w/.])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])(?=\s+(?:at|@)\s*\d)"
 )
 # 'Flight UA 1234', 'flight 415', 'Room 1204': said in pairs, "twelve thirty-four"
 _PAIRED_NUMBER = re.compile(
@@ -245,10 +250,17 @@ def _keep_stop(m: re.Match[str], dot: int) -> str:
     return "." if m.group(dot) and _ends_sentence(m) else ""
 
 
+_TEXT_END = re.compile(r"\s*$")
+_CAPITAL_NEXT = re.compile(r"\s+[A-Z]")
+
+
+def _ends_text(m: re.Match[str]) -> bool:
+    return _TEXT_END.match(m.string, m.end()) is not None
+
+
 def _ends_sentence(m: re.Match[str]) -> bool:
     """Whether the text ends after the match or a capital follows."""
-    rest = m.string[m.end() :]
-    return not rest.strip() or re.match(r"\s+[A-Z]", rest) is not None
+    return _ends_text(m) or _CAPITAL_NEXT.match(m.string, m.end()) is not None
 
 
 def _describes(m: re.Match[str]) -> bool:
@@ -438,10 +450,12 @@ def _en_day_list(m: re.Match[str]) -> str:
 def _en_abbreviation(m: re.Match[str]) -> str:
     """'etc.' -> 'et cetera' (and the full stop again when it also ended the sentence);
     'E.g.' -> 'For example'."""
-    words = en.ABBREVIATIONS[m[0].lower()]
+    key = m[0].lower()
+    words = en.ABBREVIATIONS[key]
     if m[0][0].isupper():
         words = words[0].upper() + words[1:]
-    return words + ("." if m[0].endswith(".") and _ends_sentence(m) else "")
+    ends = _ends_text(m) if key in en.BEFORE_A_NAME else _ends_sentence(m)
+    return words + ("." if m[0].endswith(".") and ends else "")
 
 
 def _en_digits_after(m: re.Match[str]) -> str:
@@ -513,6 +527,7 @@ def normalize_english(text: str) -> str:
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
     text = _SHORT_DATE.sub(_en_short_date, text)
     text = _MONTH_DAY.sub(_en_month_day, text)
+    text = _MONTH_DAY_AT.sub(lambda m: en.date(int(m[1]), int(m[2])), text)
     text = _FRACTION.sub(lambda m: _FRACTIONS[m[1]], text)
     text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1' and not _describes(m)]}", text)
     text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
@@ -535,6 +550,7 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"(?<=\w )#(?=:)", "number", text)  # 'Ref #: 88123'
     text = _MASKED.sub(lambda m: en.digits(m[1]), text)
     text = _HEIGHT.sub(lambda m: f"{en.number(int(m[1]))} foot {en.number(int(m[2]))}", text)
+    text = _FEET.sub(lambda m: f"{m[1]} {en.UNITS['ft'][m[1] != '1' and not _describes(m)]}", text)
     text = _PAIRED_NUMBER.sub(_en_paired_number, text)
     text = _TIMES.sub(" times ", text)
     text = _RETIREMENT.sub(lambda m: f"{en.digits(m[1], zero='oh')} {m[2]}", text)

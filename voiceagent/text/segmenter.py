@@ -28,7 +28,7 @@ ABBREVIATIONS = frozenset(
     | {"approx", "Fig", "vol", "Ave", "Blvd", "Rd", "Ln", "Ct", "N", "S", "E", "W"}
     | {"Jan", "Feb", "Mar", "Apr", "Jun", "Jul", "Aug", "Sep", "Sept", "Oct", "Nov", "Dec"}
     | {"Mon", "Tue", "Tues", "Wed", "Thu", "Thur", "Thurs", "Fri", "Sat", "Sun"}
-    | {"Dept", "Acct", "appt", "Appt", "Qty", "qty"}
+    | {"Dept", "Acct", "appt", "Appt", "Qty", "qty", "Mt", "Ch", "ch", "pp"}
 )
 # "p.m", "e.g", "U.S": an initialism before its last full stop
 _INITIALISM = re.compile(r"(?:[A-Za-z]\.)+[A-Za-z]")
