@@ -499,6 +499,10 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
             "Mount Hood, also known as Wy'east, and Martin Junior.",
         ),
         ("It's '6' or '7'.", "It's 'six' or 'seven'."),
+        # a 24-hour range's morning start, and midnight's hour (was "eight o'clock to
+        # five P M", "zero thirty")
+        ("Hours: 8:00-17:00, or 00:30.", "Hours: eight A M to five P M, or twelve thirty A M."),
+        ("Open 9:00 to 11:30.", "Open nine o'clock to eleven thirty."),
     ],
 )
 def test_amounts_codes_years_and_numbered_things_are_said_as_people_say_them(written, said):

@@ -379,12 +379,22 @@ def _en_number_sign(m: re.Match[str]) -> str:
     return f"{m[1] or 'n'}umber "
 
 
+_TO_AFTERNOON = re.compile(r"\s+to\s+(?:1[3-9]|2[0-3]):[0-5]\d")
+
+
 def _en_clock(m: re.Match[str]) -> str:
-    """'9:40' -> 'nine forty'; a 24-hour time after noon is said as the 12-hour one
-    ('17:30' -> 'five thirty P M')."""
+    """'9:40' -> 'nine forty'; a 24-hour time after noon or before one is said as the
+    12-hour one ('17:30' -> 'five thirty P M', '00:30' -> 'twelve thirty A M'), and so is
+    the morning start of a range that ends after noon ('8:00-17:00')."""
     hour, minute = int(m[1]), int(m[2])
-    if 13 <= hour <= 23 and minute <= 59:
+    if minute > 59 or hour > 23:
+        return en.clock(hour, minute)
+    if hour >= 13:
         return en.clock(hour - 12, minute, "PM")
+    if hour == 0:
+        return en.clock(12, minute, "AM")
+    if hour < 12 and _TO_AFTERNOON.match(m.string, m.end()):  # 8:00-17:00
+        return en.clock(hour, minute, "AM")
     return en.clock(hour, minute)
 
 
