@@ -503,6 +503,23 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
         # five P M", "zero thirty")
         ("Hours: 8:00-17:00, or 00:30.", "Hours: eight A M to five P M, or twelve thirty A M."),
         ("Open 9:00 to 11:30.", "Open nine o'clock to eleven thirty."),
+        # was "abc one hundred twenty-three", "Suite two hundred ten", "x eighty-nine",
+        # "cents/lb", "a four hundred one k"
+        ("Password: abc123, user jsmith42.", "Password: abc one two three, user jsmith four two."),
+        ("It's in Suite 210.", "It's in Suite two ten."),
+        (
+            "Call (555) 123-4567 x89.",
+            "Call five five five, one two three, four five six seven extension eight nine.",
+        ),
+        (
+            "It is $12.50/lb or 2/kg.",
+            "It is twelve dollars and fifty cents per pound or two per kilogram.",
+        ),
+        ("Open a 401k or a 403b.", "Open a four oh one k or a four oh three b."),
+        (
+            "A 1920x1080 screen, 5 x 3.",
+            "A one thousand nine hundred twenty by one thousand eighty screen, five by three.",
+        ),
     ],
 )
 def test_amounts_codes_years_and_numbered_things_are_said_as_people_say_them(written, said):

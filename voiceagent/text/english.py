@@ -91,6 +91,8 @@ PER = {
     "month": "month", "mo": "month", "year": "year", "yr": "year", "week": "week",
     "wk": "week", "day": "day", "hour": "hour", "hr": "hour", "minute": "minute",
     "min": "minute", "night": "night", "person": "person", "user": "user", "seat": "seat",
+    "lb": "pound", "kg": "kilogram", "oz": "ounce", "gal": "gallon", "gallon": "gallon",
+    "item": "item", "unit": "unit",
 }  # fmt: skip
 
 # All-caps words said as words, not spelled: acronyms read as words, and common words a

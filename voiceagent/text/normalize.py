@@ -164,7 +164,7 @@ _MONTH_DAY_AT = re.compile(
 )
 # 'Flight UA 1234', 'flight 415', 'Room 1204': said in pairs, "twelve thirty-four"
 _PAIRED_NUMBER = re.compile(
-    r"\b((?i:flight|room|bus|route|train)\s+)([A-Z]{2}(?=\s?\d)|[A-Z]\d(?=\s)|\d[A-Z](?=\s))?"
+    r"\b((?i:flight|room|suite|bus|route|train)\s+)([A-Z]{2}(?=\s?\d)|[A-Z]\d(?=\s)|\d[A-Z](?=\s))?"
     r"\s?([1-9]\d{2,3})(?![\w-]|[.,]\d)"
 )
 _SHORT_DATE = re.compile(r"(?<![\w/.-])(1[0-2]|0?[1-9])/(3[01]|[12]\d|0?[1-9])/(\d\d)(?![\w/])")
@@ -232,9 +232,14 @@ _HYPHEN_CODE = re.compile(
     r"(?<![\w-])(?:(?=[\w-]*[A-Z])(?=[\w-]*\d)[A-Z\d]+(?:-[A-Z\d]+){2,}|[A-Z]{1,4}-\d{3,})"
     r"(?![\w-])"
 )
-_RETIREMENT = re.compile(r"\b(40[13])\(([kb])\)")  # 401(k), 403(b)
+_RETIREMENT = re.compile(r"\b(40[13])(?:\(([kb])\)|([kb])\b)")  # 401(k), 403(b), 401k
 _QUARTER_YEAR = re.compile(rf"\b((?:Q[1-4]|H[12]|FY)\s?){_YEAR}")
 _GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmith42
+# jsmith42, abc123: a name or a password, whose digits are said one by one
+_WORD_DIGITS = re.compile(r"\b([a-z]{2,})(\d{2,})\b")
+# 555-1234 x89: an extension; 1920x1080, 5 x 3: dimensions, "by"
+_EXTENSION_X = re.compile(r"(?<=\d{4}) x(?=\d{1,5}\b)")
+_BY = re.compile(r"(?<=\d) ?x ?(?=\d)")
 
 
 def _number(written: str) -> str:
@@ -563,10 +568,11 @@ def normalize_english(text: str) -> str:
     text = _FEET.sub(lambda m: f"{m[1]} {en.UNITS['ft'][m[1] != '1' and not _describes(m)]}", text)
     text = _PAIRED_NUMBER.sub(_en_paired_number, text)
     text = _TIMES.sub(" times ", text)
-    text = _RETIREMENT.sub(lambda m: f"{en.digits(m[1], zero='oh')} {m[2]}", text)
+    text = _RETIREMENT.sub(lambda m: f"{en.digits(m[1], zero='oh')} {m[2] or m[3]}", text)
     text = _STAR_CODE.sub(lambda m: f"star {en.digits(m[1])}", text)
     text = _KEYS.sub(lambda m: "pound" if m[0] == "#" else "star", text)
     text = _TIME_RANGE.sub(lambda m: f"{m[1]} to ", text)
+    text = _EXTENSION_X.sub(" ext", text)
     text = _PHONE_INTL.sub(_en_intl_phone, text)
     text = _PHONE_E164.sub(lambda m: en.phone(m[1], m[2], m[3], "1"), text)
     text = _VANITY.sub(lambda m: en.vanity(m[2], m[3], (m[1] or "")[-1:]), text)
@@ -599,6 +605,8 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"(\d[\d,]*)%", lambda m: _number(m[1]) + " percent", text)
     text = re.sub(r"\b(\d{1,15})(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
     text = _MULTIPLE.sub(lambda m: f"{m[1]} times", text)
+    text = _BY.sub(" by ", text)
+    text = _WORD_DIGITS.sub(lambda m: f"{m[1]} {en.digits(m[2])}", text)
     text = _GLUED.sub(" ", text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)", _en_decimal, text)
     text = _DIGIT_STRING.sub(_en_digit_string, text)
