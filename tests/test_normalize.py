@@ -393,7 +393,7 @@ def test_an_llms_shorthand_is_said_in_full(written, said):
         ("Room 12 is free.", "Room twelve is free."),
         ("It is 1000 Main St.", "It is one thousand Main Street."),
         # "no. five thousand ..."
-        ("Order no. 5521 shipped.", "Order number five thousand five hundred twenty-one shipped."),
+        ("Order no. 5521 shipped.", "Order number five five two one shipped."),
         ("No. 5 is open.", "Number five is open."),
         # read before as "eleven/thirty", "Tue", "Sat and Sun", "N Y", "~five"
         ("Your balance as of 11/30.", "Your balance as of November thirtieth."),
@@ -469,6 +469,20 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
         ("Say your Order No.", "Say your Order number."),
         ("No. That is not it.", "No. That is not it."),
         ("Model # XR-500", "Model number X R, five zero zero"),
+        # (the rule that says what "ends in" a number belongs to, kept: not a year)
+        ("Your account number ends in 1890.", "Your account number ends in one eight nine zero."),
+        # a code after a numbered thing, and a word spelled with hyphens: as the corpus
+        # says them (was "thirty-six fifty-four G", "C-A-R-T-E-R")
+        (
+            "Your confirmation number is 3654G.",
+            "Your confirmation number is three six five four G.",
+        ),
+        ("Reference number: 3968S.", "Reference number: three nine six eight S."),
+        ("That's Carter, spelled C-A-R-T-E-R.", "That's Carter, spelled C A R T E R."),
+        (
+            "The number is 150, an e-mail, A-B tests.",
+            "The number is one hundred fifty, an e-mail, A-B tests.",
+        ),
         # letters, a hyphen and three or more digits: a code (was "I N C-four thousand
         # eight hundred twenty-one"); two digits stay a number
         (

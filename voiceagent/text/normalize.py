@@ -111,7 +111,9 @@ _SHORT_DECADE = re.compile(r"(?<![\w'])'?([2-9]0)s\b")  # the '80s, the 90s
 # a number or code said digit by digit after these words ("ends in 2996")
 _DIGITS_AFTER = re.compile(
     r"\b((?i:ends?\s+(?:in|with)|ending\s+(?:in|with)|extension|pin(?:\s+number)?"
-    r"(?:\s+is)?|code(?:\s+is)?|last\s+(?:four|4)(?:\s+digits)?(?:\s+(?:is|are))?):?\s*)"
+    r"(?:\s+is)?|code(?:\s+is)?|last\s+(?:four|4)(?:\s+digits)?(?:\s+(?:is|are))?"
+    r"|(?:confirmation|reference|booking|tracking|order|account|member|policy|claim|ticket"
+    r"|case)\s+number(?:\s+is)?):?\s*)"
     r"(?=[A-Z\d]*\d)([A-Z\d]{3,})\b(?![.,]\d)"
 )
 # what "ends in" can be said of that ends in digits, not in a year
@@ -135,7 +137,7 @@ _SCALE_LETTERS = {"k": "thousand", "m": "million", "b": "billion"}
 # not 'Plan A') before an amount, and a word after it
 _ARTICLE = re.compile(r"(?<![\w'’])(?:(a|an|An)|(A)) $")
 # 'Acct. No.', 'Policy No.': what is numbered, then "number" (not the word "no")
-_NUMBERED = re.compile(
+_NUMBER_SIGN_AFTER = re.compile(
     r"\b(Acct\.?|Account|Policy|Order|Invoice|Claim|Ref\.?|Reference|Case|Ticket|Serial"
     r"|Tracking|Confirmation|Member|Model|Part|Item|Phone|Tel\.?)\s+(?:No(\.)|#)(?=[\s,;:]|$)"
 )
@@ -226,6 +228,8 @@ _ABBREVIATION = re.compile(
 _STAR_CODE = re.compile(r"(?<![\w*])\*(\d{2,3})(?![\d*])")  # *67: dialled, "star six seven"
 # 2x, 10x: a multiple
 _MULTIPLE = re.compile(r"(?<![\w.])(\d+)x(?=[\s,.!?;:]|$)")
+# C-A-R-T-E-R: a word spelled out, letter by letter
+_SPELLED = re.compile(r"(?<![\w-])[A-Za-z](?:-[A-Za-z]){2,}(?![\w-])")
 # AB-1234-CD: three or more groups of capitals and digits, read group by group; and
 # INC-4821: capitals, then three or more digits (I-95 keeps its number)
 _HYPHEN_CODE = re.compile(
@@ -553,7 +557,7 @@ def normalize_english(text: str) -> str:
     text = _STATE_ZIP.sub(lambda m: en.STATES[m[1]], text)
     text = _IP.sub(lambda m: " dot ".join(map(en.digits, m[0].split("."))), text)
     text = _VERSION.sub(lambda m: m[1] + " point ".join(m[2].split(".")), text)
-    text = _NUMBERED.sub(lambda m: f"{m[1]} number{_keep_stop(m, 2)}", text)
+    text = _NUMBER_SIGN_AFTER.sub(lambda m: f"{m[1]} number{_keep_stop(m, 2)}", text)
     text = _ABBREVIATION.sub(_en_abbreviation, text)
     text = _ADDRESS.sub(_en_address, text)
     text = _ORDINAL_STREET.sub(
@@ -581,6 +585,7 @@ def normalize_english(text: str) -> str:
     text = _PHONE_LOCAL.sub(lambda m: en.phone("", m[1], m[2]), text)
     text = _MINUS.sub("minus ", text)
     text = _DIGIT_GROUPS.sub(lambda m: ", ".join(map(en.digits, re.split("[ -]", m[0]))), text)
+    text = _SPELLED.sub(lambda m: " ".join(m[0].upper().split("-")), text)
     text = _HYPHEN_CODE.sub(lambda m: ", ".join(map(en.spell, m[0].split("-"))), text)
     text = _MERIDIEM_TIME.sub(_en_meridiem, text)
     text = _TIME_ZONE.sub(lambda m: en.spell(m[1]), text)
