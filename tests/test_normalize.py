@@ -640,3 +640,23 @@ def test_the_reading_rules_are_one_implementation_for_server_and_corpus():
 def test_any_mix_of_digits_and_symbols_is_read_without_raising(text):
     said = normalize(text, "en")
     assert not any(c.isdigit() for c in said), (text, said)
+
+
+def test_no_reading_rule_is_defined_twice():
+    """Two module-level patterns of one name: the later silently replaces the earlier
+    wherever it is used (it once made "ends in 1890" a year)."""
+    import ast
+    from collections import Counter
+    from pathlib import Path
+
+    import voiceagent.text
+
+    for path in Path(voiceagent.text.__file__).parent.glob("*.py"):
+        names = Counter(
+            target.id
+            for node in ast.parse(path.read_text()).body
+            if isinstance(node, ast.Assign)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        )
+        assert [n for n, k in names.items() if k > 1] == [], path
