@@ -479,6 +479,16 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
         ),
         ("Reference number: 3968S.", "Reference number: three nine six eight S."),
         ("That's Carter, spelled C-A-R-T-E-R.", "That's Carter, spelled C A R T E R."),
+        # a scale letter after a number (was "one.two M people"); 4K stays
+        (
+            "About 1.2M people, 10M users, 1.5K steps.",
+            "About one point two million people, ten million users, one point five thousand steps.",
+        ),
+        (
+            "A 4K TV for a 5K run, by 3.5B.",
+            "A four K TV for a five K run, by three point five billion.",
+        ),
+        ("He's 35 y/o.", "He's thirty-five years old."),
         (
             "The number is 150, an e-mail, A-B tests.",
             "The number is one hundred fifty, an e-mail, A-B tests.",

@@ -133,6 +133,12 @@ _AMOUNT = re.compile(
     r"(?:\s?(thousand|million|billion|trillion)\b|([kKmMbB])\b)?"
 )
 _SCALE_LETTERS = {"k": "thousand", "m": "million", "b": "billion"}
+# 1.2M people, 10M users, 1.5K steps: a scale letter after a number
+_SCALED = re.compile(r"(?<![\w.])(\d{1,3})(\.\d{1,2})?([MBK])\b(?!\.\d)")
+_LOWER_WORD_NEXT = re.compile(r"\s+[a-z]")
+_PLACE_BEFORE = re.compile(
+    r"(?i:unit|apt|apartment|suite|ste|room|seat|gate|floor|building|row|no|number|#)\.?\s*$"
+)
 # 'a $50 gift card', 'an 8 ft wall': "a" (a capital one only where a sentence starts,
 # not 'Plan A') before an amount, and a word after it
 _ARTICLE = re.compile(r"(?<![\w'’])(?:(a|an|An)|(A)) $")
@@ -307,6 +313,17 @@ def _en_currency(m: re.Match[str]) -> str:
     if cents and describes:
         return f"{sign}{words} {en.number(cents)}"
     return sign + words + (f" and {cent_words}" if cents else "")
+
+
+def _en_scaled(m: re.Match[str]) -> str:
+    """'1.2M' -> '1.2 million'; a whole number only before a word and not after a place
+    ('10M users', but 'Unit 21B', '4K', '5K run' stay)."""
+    if not m[2]:
+        if m[3] == "K" or not _LOWER_WORD_NEXT.match(m.string, m.end()):
+            return m[0]
+        if _PLACE_BEFORE.search(m.string, max(0, m.start() - 12), m.start()):
+            return m[0]
+    return f"{m[1]}{m[2] or ''} {_SCALE_LETTERS[m[3].lower()]}"
 
 
 def _say_address(part: str) -> str:
@@ -543,6 +560,8 @@ def normalize_english(text: str) -> str:
     text = _PERCENT_RANGE.sub(lambda m: f"{m[1]} to {m[2]}%", text)
     text = _CODE_AMOUNT.sub(lambda m: _CURRENCY_CODES[m[1] or m[4]] + (m[2] or m[3]), text)
     text = _AMOUNT.sub(_en_currency, text)
+    text = _SCALED.sub(_en_scaled, text)
+    text = re.sub(r"(?<=\d) ?y/o\b", " years old", text)
     text = _ISO_DATE.sub(lambda m: en.date(int(m[2]), int(m[3]), int(m[1])), text)
     text = _SHORT_DATE.sub(_en_short_date, text)
     text = _MONTH_DAY.sub(_en_month_day, text)
