@@ -489,6 +489,12 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
             "A four K TV for a five K run, by three point five billion.",
         ),
         ("He's 35 y/o.", "He's thirty-five years old."),
+        # was "zero by eight ...", 'ten" x twelve"', "three euros,fifty", "thx"
+        ("Error 0x80070005.", "Error zero x eight zero zero seven zero zero zero five."),
+        ('It is 10" x 12", a 1" gap.', "It is ten inches by twelve inches, a one inch gap."),
+        ('Press the "5" key.', 'Press the "five" key.'),
+        ("It is €3,50 or €1,000.", "It is three euros and fifty cents or one thousand euros."),
+        ("Call me, thx. Pls wait.", "Call me, thanks. Please wait."),
         (
             "The number is 150, an e-mail, A-B tests.",
             "The number is one hundred fifty, an e-mail, A-B tests.",
@@ -555,6 +561,14 @@ def test_thousands_of_digits_are_read_digit_by_digit_without_raising():
     assert said.split().count("nine") == 5000 and said.split().count("zero") == 5000
 
 
+@pytest.mark.timeout(60)
+def test_a_long_run_of_dashes_or_cells_is_read_in_linear_time():
+    # a table rule's pattern once split a run of dashes every way it could: 45 dashes
+    # and a letter took 1.2 s, each more dash twice as long
+    for text in ("-" * 200 + "x", "| " + "--- | " * 200 + "x", "|" + " a |" * 5000):
+        assert normalize(text, "en")
+
+
 def test_a_spoken_form_is_left_as_it_is():
     """The LM's training reads the corpus's spoken forms through normalize again."""
     for said in (
@@ -579,6 +593,10 @@ def test_a_spoken_form_is_left_as_it_is():
             "Keep snake_case and 5*3 and press * now.",
             "Keep snake_case and five times three and press star now.",
         ),
+        # a table: its rule line goes, its cells are read with a pause between
+        ("| Plan | Price |\n|---|:---:|\n| Basic | $5 |", "Plan, Price\nBasic, five dollars"),
+        # emoji are no speech
+        ("Sure! 😊 I can help 👍🏽.", "Sure! I can help."),
     ],
 )
 def test_markdown_is_read_as_the_words_it_marks(written, said):

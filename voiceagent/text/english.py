@@ -67,7 +67,8 @@ ABBREVIATIONS = {
     "approx.": "approximately", "w/o": "without", "w/": "with", "dept.": "department",
     "appt.": "appointment", "acct.": "account", "qty.": "quantity", "qty": "quantity",
     "p.o. box": "P O Box", "a.k.a.": "also known as", "jr.": "junior", "sr.": "senior",
-    "mt.": "mount", "ch.": "chapter", "pp.": "pages",
+    "mt.": "mount", "ch.": "chapter", "pp.": "pages", "thx": "thanks", "pls": "please",
+    "plz": "please",
 }  # fmt: skip
 BEFORE_A_NAME = frozenset({"mt.", "a.k.a."})  # a capital after them starts no sentence
 # a state's postal code before a ZIP code ('Austin, TX 78701') is said as its name

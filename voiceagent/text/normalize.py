@@ -229,7 +229,7 @@ _STATE_ZIP = re.compile(rf"(?<=,\s)({'|'.join(en.STATES)})(?=\s+\d{{5}}(?:-\d{{4
 _VERSION = re.compile(r"(?<![\w.])(v?)(\d{1,2}(?:\.\d{1,3}){2})(?![\w]|\.\d)")
 _IP = re.compile(r"(?<![\w.])\d{1,3}(?:\.\d{1,3}){3}(?![\w]|\.\d)")
 _ABBREVIATION = re.compile(
-    rf"(?<![\w.])(?i:{'|'.join(map(re.escape, en.ABBREVIATIONS))})(?=[\s,;:)!?]|$)"
+    rf"(?<![\w.])(?i:{'|'.join(map(re.escape, en.ABBREVIATIONS))})(?=[\s,;:)!?]|\.(?!\w)|$)"
 )
 _STAR_CODE = re.compile(r"(?<![\w*])\*(\d{2,3})(?![\d*])")  # *67: dialled, "star six seven"
 # 2x, 10x: a multiple
@@ -249,7 +249,10 @@ _GLUED = re.compile(r"(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])")  # 5kg, v3, jsmi
 _WORD_DIGITS = re.compile(r"\b([a-z]{2,})(\d{2,})\b")
 # 555-1234 x89: an extension; 1920x1080, 5 x 3: dimensions, "by"
 _EXTENSION_X = re.compile(r"(?<=\d{4}) x(?=\d{1,5}\b)")
-_BY = re.compile(r"(?<=\d) ?x ?(?=\d)")
+_BY = re.compile(r"(?<=\d)(\"?) ?x ?(?=\d)")
+_HEX = re.compile(r"(?<![\w.])0$")  # 0x8007: hexadecimal, not dimensions
+# 10", a 1" gap: inches ('the "5" key' is a quotation)
+_INCHES = re.compile(r"(?<![\w.\"“])(\d+(?:\.\d+)?)\"(?=[\s,.;:!?]|$)")
 
 
 def _number(written: str) -> str:
@@ -555,6 +558,7 @@ def normalize_english(text: str) -> str:
     text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
     text = re.sub(r"(?<![\w~])~\s?(?=[$€£¥₹]?\d)", "about ", text)
     text = text.replace("US$", "$")
+    text = re.sub(r"(?<=€)(\d+),(\d\d)(?![\d,])", r"\1.\2", text)  # €3,50
     text = re.sub(r"(?<![\w/.])50/50(?![\w/]|\.\d)", "fifty-fifty", text)
     text = _AMOUNTS_RANGE.sub(" to ", text)
     text = _PERCENT_RANGE.sub(lambda m: f"{m[1]} to {m[2]}%", text)
@@ -629,7 +633,10 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"(\d[\d,]*)%", lambda m: _number(m[1]) + " percent", text)
     text = re.sub(r"\b(\d{1,15})(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
     text = _MULTIPLE.sub(lambda m: f"{m[1]} times", text)
-    text = _BY.sub(" by ", text)
+    text = _BY.sub(lambda m: m[0] if _HEX.search(m.string, 0, m.start()) else m[1] + " by ", text)
+    text = _INCHES.sub(
+        lambda m: f"{m[1]} {'inch' if m[1] == '1' or _describes(m) else 'inches'}", text
+    )
     text = _WORD_DIGITS.sub(lambda m: f"{m[1]} {en.digits(m[2])}", text)
     text = _GLUED.sub(" ", text)
     text = re.sub(r"(\d[\d,]*)\.(\d+)", _en_decimal, text)
@@ -651,8 +658,18 @@ _MD_MARKS = re.compile(
 )
 
 
+# a table's rule line ('|---|:---:|'), and a row's cells ('| Basic | $5 |')
+_MD_TABLE_RULE = re.compile(
+    r"^[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*(?:\|[ \t]*:?-{3,}:?[ \t]*)*\|?[ \t]*(?:\n|$)", re.MULTILINE
+)
+_MD_TABLE_ROW = re.compile(r"^[ \t]*\|(.*)\|[ \t]*$", re.MULTILINE)
+
+
 def strip_markdown(text: str) -> str:
-    """'**Great** news, see [the page](https://...)' -> 'Great news, see the page'."""
+    """'**Great** news, see [the page](https://...)' -> 'Great news, see the page'; a
+    table's rows are read as their cells, a comma between."""
+    text = _MD_TABLE_RULE.sub("", text)
+    text = _MD_TABLE_ROW.sub(lambda m: ", ".join(c.strip() for c in m[1].split("|")), text)
     return _MD_MARKS.sub("", _MD_LINK.sub(r"\1", text))
 
 
@@ -662,8 +679,12 @@ def said_text(text: str) -> str:
     return strip_markdown(without_markup(text))
 
 
+# emoji, their skin tones and joiners: no speech
+_EMOJI = re.compile(r"[ \t]*[\U0001F000-\U0001FAFF\u2600-\u27BF\uFE0F\u200D]+")
+
+
 def normalize(text: str, language: str = "auto") -> str:
-    text = said_text(text)
+    text = _EMOJI.sub("", said_text(text))
     if language == "auto" and _KANA_HANGUL.search(text):
         return text  # Japanese or Korean: left to the model's own frontend
     if language == "zh" or (language == "auto" and _CJK.search(text)):
