@@ -85,7 +85,8 @@ _PHONE_LOCAL = re.compile(r"(?<![\w+$.,-])([2-9]\d\d)-(\d{4})(?![\w-]|[.,]\d)")
 _MERIDIEM_TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s?([AaPp])\.?\s?[Mm]\b(\.)?")
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
 # ****1234, ••••4321, XXXX-1234: the last digits of a masked number, one by one
-_MASKED = re.compile(r"(?:[*•●xX]{2,}[\s-]?)+(\d{2,6})\b")
+# (from a run's first mark only: a search from each mark of a long run is quadratic)
+_MASKED = re.compile(r"(?<![*•●xX])[*•●xX]{2,}+(?:[\s-][*•●xX]{2,}+)*+[\s-]?(\d{2,6})\b")
 _HEIGHT = re.compile(r"\b([1-8])'\s?(1[01]|\d)(?:\"|'')")  # 5'11": five foot eleven
 _FEET = re.compile(r"(?<![\w.'’])(\d{1,3})'(?=[\s,.;!?]|$)")  # 6' tall: six feet
 _YEAR = r"(1[1-9]\d\d|20\d\d)\b(?![.,]\d|\s*%)"
@@ -660,7 +661,8 @@ _MD_MARKS = re.compile(
 
 # a table's rule line ('|---|:---:|'), and a row's cells ('| Basic | $5 |')
 _MD_TABLE_RULE = re.compile(
-    r"^[ \t]*\|?[ \t]*:?-{3,}:?[ \t]*(?:\|[ \t]*:?-{3,}:?[ \t]*)*\|?[ \t]*(?:\n|$)", re.MULTILINE
+    r"^[ \t]*+(?:\|[ \t]*+)?:?-{3,}+:?[ \t]*+(?:\|[ \t]*+:?-{3,}+:?[ \t]*+)*+\|?[ \t]*(?:\n|$)",
+    re.MULTILINE,
 )
 _MD_TABLE_ROW = re.compile(r"^[ \t]*\|(.*)\|[ \t]*$", re.MULTILINE)
 
@@ -680,7 +682,7 @@ def said_text(text: str) -> str:
 
 
 # emoji, their skin tones and joiners: no speech
-_EMOJI = re.compile(r"[ \t]*[\U0001F000-\U0001FAFF\u2600-\u27BF\uFE0F\u200D]+")
+_EMOJI = re.compile(r"(?<![ \t])[ \t]*+[\U0001F000-\U0001FAFF\u2600-\u27BF\uFE0F\u200D]+")
 
 
 def normalize(text: str, language: str = "auto") -> str:
