@@ -495,6 +495,20 @@ def test_dates_days_places_and_versions_are_said_as_people_say_them(written, sai
         ('Press the "5" key.', 'Press the "five" key.'),
         ("It is €3,50 or €1,000.", "It is three euros and fifty cents or one thousand euros."),
         ("Call me, thx. Pls wait.", "Call me, thanks. Please wait."),
+        # was "M-F nine-five", "(...four thousand ...)", "reference pound is", "() minus
+        # one thousand ...", "MM/DD/Y Y Y Y"
+        (
+            "Open M-F 9-5 EST, daily 8-4.",
+            "Open Monday to Friday nine to five E S T, daily eight to four.",
+        ),
+        ("The score was 3-2.", "The score was three-two."),
+        ("Checking (...4821) or …9910.", "Checking (four eight two one) or nine nine one zero."),
+        ("Your reference # is A7-K2-9Q.", "Your reference number is A seven, K two, nine Q."),
+        (
+            "A code went to (***) ***-1234, SSN ***-**-6789.",
+            "A code went to one two three four, S S N six seven eight nine.",
+        ),
+        ("Your DOB (MM/DD/YYYY), please.", "Your D O B (month, day, year), please."),
         (
             "The number is 150, an e-mail, A-B tests.",
             "The number is one hundred fifty, an e-mail, A-B tests.",

@@ -86,7 +86,10 @@ _MERIDIEM_TIME = re.compile(r"\b(\d{1,2})(?::(\d{2}))?\s?([AaPp])\.?\s?[Mm]\b(\.
 _TIME = re.compile(r"\b(\d{1,2}):(\d{2})\b")
 # ****1234, ••••4321, XXXX-1234: the last digits of a masked number, one by one
 # (from a run's first mark only: a search from each mark of a long run is quadratic)
-_MASKED = re.compile(r"(?<![*•●xX])[*•●xX]{2,}+(?:[\s-][*•●xX]{2,}+)*+[\s-]?(\d{2,6})\b")
+_MASKED = re.compile(
+    r"(?:\([*•●xX]{3}\)\s?)?(?<![*•●xX])[*•●xX]{2,}+(?:[\s-][*•●xX]{2,}+)*+[\s-]?(\d{2,6})\b"
+    r"|(?<=[(\s])(?:\.{3}|…)(\d{4})\b"  # (...4821): an account's last digits
+)
 _HEIGHT = re.compile(r"\b([1-8])'\s?(1[01]|\d)(?:\"|'')")  # 5'11": five foot eleven
 _FEET = re.compile(r"(?<![\w.'’])(\d{1,3})'(?=[\s,.;!?]|$)")  # 6' tall: six feet
 _YEAR = r"(1[1-9]\d\d|20\d\d)\b(?![.,]\d|\s*%)"
@@ -145,8 +148,8 @@ _PLACE_BEFORE = re.compile(
 _ARTICLE = re.compile(r"(?<![\w'’])(?:(a|an|An)|(A)) $")
 # 'Acct. No.', 'Policy No.': what is numbered, then "number" (not the word "no")
 _NUMBER_SIGN_AFTER = re.compile(
-    r"\b(Acct\.?|Account|Policy|Order|Invoice|Claim|Ref\.?|Reference|Case|Ticket|Serial"
-    r"|Tracking|Confirmation|Member|Model|Part|Item|Phone|Tel\.?)\s+(?:No(\.)|#)(?=[\s,;:]|$)"
+    r"\b((?i:acct\.?|account|policy|order|invoice|claim|ref\.?|reference|case|ticket|serial"
+    r"|tracking|confirmation|member|model|part|item|phone|tel\.?))\s+(?:No(\.)|#)(?=[\s,;:]|$)"
 )
 _EMAIL = re.compile(r"(?<![\w.+-])([A-Za-z0-9][\w.+-]*)@([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)")
 _URL = re.compile(
@@ -209,6 +212,9 @@ _RATING = re.compile(
     r"(?=(\s+stars?\b)?)"
 )
 _DAYS = re.compile(rf"\b{_DAY}\.?\s?[-–]\s?{_DAY}(?![\w-])(\.)?")
+_WEEKDAYS = re.compile(r"\bM\s?[-–]\s?F\b")  # 'M-F'
+# 'open 9-5', 'M-F 8-4': a range of hours, though its end is the smaller number
+_HOURS_BEFORE = re.compile(r"(?i:\b(?:open|hours|daily|weekdays|Friday|Sunday)\b)[\s:,]*$")
 # 'Jan-Mar': a range of months
 _MONTHS_RANGE = re.compile(
     r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sept?|Oct|Nov|Dec)[a-z]*\.?\s?[-–]\s?"
@@ -348,7 +354,8 @@ def _said_piece(x: str) -> str:
 def _en_range(m: re.Match[str]) -> str:
     low, high = m[1], m[2]
     if int(low) >= int(high):
-        return m[0]  # a score, or a pair of codes
+        hours = int(low) <= 12 and _HOURS_BEFORE.search(m.string, max(0, m.start() - 30), m.start())
+        return f"{low} to {high}" if hours else m[0]  # else a score, or a pair of codes
     phone_like = len(low) == 3 and len(high) == 4 and m[0] == f"{low}-{high}"
     if phone_like:  # 555-1234 is a number to dial unless what is around says 'range'
         noun = re.match(r"\s+([a-z]+s)\b", m.string[m.end() :])
@@ -558,7 +565,7 @@ def normalize_english(text: str) -> str:
     text = _EMAIL.sub(lambda m: f"{_say_address(m[1])} at {_say_address(m[2])}", text)
     text = _URL.sub(lambda m: _say_address(m[1] + (m[2] or "")), text)
     text = re.sub(r"(?<![\w~])~\s?(?=[$€£¥₹]?\d)", "about ", text)
-    text = text.replace("US$", "$")
+    text = text.replace("US$", "$").replace("MM/DD/YYYY", "month, day, year")
     text = re.sub(r"(?<=€)(\d+),(\d\d)(?![\d,])", r"\1.\2", text)  # €3,50
     text = re.sub(r"(?<![\w/.])50/50(?![\w/]|\.\d)", "fifty-fifty", text)
     text = _AMOUNTS_RANGE.sub(" to ", text)
@@ -575,6 +582,7 @@ def normalize_english(text: str) -> str:
     text = _UNIT.sub(lambda m: f"{m[1]} {en.UNITS[m[2]][m[1] != '1' and not _describes(m)]}", text)
     text = _PER.sub(lambda m: f" per {en.PER[m[1]]}{_keep_stop(m, 2)}", text)
     text = _RATING.sub(_en_rating, text)
+    text = _WEEKDAYS.sub("Monday to Friday", text)
     text = _DAYS.sub(_en_days, text)
     text = _MONTHS_RANGE.sub(_en_months_range, text)
     text = _DAY_LIST.sub(_en_day_list, text)
@@ -591,7 +599,7 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"\b(Apt|Ste)\.", lambda m: {"Apt": "Apartment", "Ste": "Suite"}[m[1]], text)
     text = re.sub(r"\b([Nn])o\.\s?(?=\d)|#(?=[A-Z][A-Z\d-]*\d|\d)", _en_number_sign, text)
     text = re.sub(r"(?<=\w )#(?=:)", "number", text)  # 'Ref #: 88123'
-    text = _MASKED.sub(lambda m: en.digits(m[1]), text)
+    text = _MASKED.sub(lambda m: en.digits(m[1] or m[2]), text)
     text = _HEIGHT.sub(lambda m: f"{en.number(int(m[1]))} foot {en.number(int(m[2]))}", text)
     text = _FEET.sub(lambda m: f"{m[1]} {en.UNITS['ft'][m[1] != '1' and not _describes(m)]}", text)
     text = _PAIRED_NUMBER.sub(_en_paired_number, text)
@@ -652,8 +660,9 @@ _KANA_HANGUL = re.compile(r"[\u3040-\u30ff\uac00-\ud7af]")
 # An LLM's markdown: a link's text, and emphasis, code, heading and bullet marks dropped.
 _MD_LINK = re.compile(r"\[([^\]\n]+)\]\([^)\s]*\)")
 _MD_MARKS = re.compile(
-    # emphasis (a lone * before a digit or a stop is a phone's key: *67, "press *.")
-    r"(?<![\w*_])(?:[*_]{2,3}|_|\*(?![\d,.;:!?]))(?=[^\s*_])|(?<=[^\s*_])[*_]{1,3}(?![\w*_])"
+    # emphasis (a lone * before a digit or a stop is a phone's key: *67, "press *."; a
+    # mask, '(***) ***-1234', has a bracket or a hyphen where emphasis has a word)
+    r"(?<![\w*_])(?:[*_]{2,3}|_|\*(?![\d,.;:!?]))(?=[^\s*_)-])|(?<=[^\s*_(-])[*_]{1,3}(?![\w*_])"
     r"|`+|^[ \t]*(?:#{1,6}|[-*+])[ \t]+",  # code, a heading's or a bullet's mark
     re.MULTILINE,
 )
