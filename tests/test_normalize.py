@@ -586,7 +586,8 @@ def test_no_run_of_one_pattern_takes_exponential_time():
     (so did a table rule's on a run of dashes). A segment is at most 200 characters."""
     for unit in RUNS:
         for end in ("", "!", "x", "1", "."):
-            assert normalize(unit * (200 // len(unit)) + end, "en") is not None
+            for language in ("en", "zh"):
+                assert normalize(unit * (200 // len(unit)) + end, language) is not None
     for text in ("-" * 200 + "x", "| " + "--- | " * 200 + "x", "|" + " a |" * 5000):
         assert normalize(text, "en")
 
@@ -629,6 +630,35 @@ def test_chinese_years_and_long_numbers_are_read_digit_by_digit():
     assert normalize("2024年，电话13812345678，共1,234元", "zh") == (
         "二零二四年，电话一三八一二三四五六七八，共一千二百三十四元"
     )
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        # each read before as a cardinal, or with its symbols left in:
+        # "一千二百三十四万五千六百七十八", "¥九十九点五零", "三:三十", "四百-一百二十三-..."
+        ("您的订单号是12345678。", "您的订单号是一二三四五六七八。"),
+        ("验证码：482913，尾号0042", "验证码：四八二九一三，尾号零零四二"),
+        ("金额为¥99.50，或￥20", "金额为九十九点五元，或二十元"),
+        (
+            "会议在下午3:30开始，9:05结束，10:00见",
+            "会议在下午三点三十分开始，九点零五分结束，十点见",
+        ),
+        (
+            "请拨打400-123-4567或010-12345678",
+            "请拨打四零零，一二三，四五六七或零一零，一二三四五六七八",
+        ),
+        ("温度是-5°C，水温25°C", "温度是零下五摄氏度，水温二十五摄氏度"),
+        ("余额-20元", "余额负二十元"),
+        ("日期2024-03-15，或2024/3/5", "日期二零二四年三月十五日，或二零二四年三月五日"),
+        ("需要3-5天", "需要三到五天"),
+        ("价格$5，或€10", "价格五美元，或十欧元"),
+        ("比分是3:2，时间2:45:30", "比分是三比二，时间两点四十五分三十秒"),
+        ("3号楼，3月5号，房间号是1204", "三号楼，三月五号，房间号是一二零四"),
+    ],
+)
+def test_chinese_is_read_as_a_chinese_agent_says_it(written, said):
+    assert normalize(written, "zh") == said
 
 
 def test_japanese_and_korean_are_left_to_the_model_not_read_as_english():
