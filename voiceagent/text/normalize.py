@@ -257,7 +257,7 @@ _WORD_DIGITS = re.compile(r"\b([a-z]{2,})(\d{2,})\b")
 # 555-1234 x89: an extension; 1920x1080, 5 x 3: dimensions, "by"
 _EXTENSION_X = re.compile(r"(?<=\d{4}) x(?=\d{1,5}\b)")
 _BY = re.compile(r"(?<=\d)(\"?) ?x ?(?=\d)")
-_HEX = re.compile(r"(?<![\w.])0$")  # 0x8007: hexadecimal, not dimensions
+_HEX = re.compile(r"(?<![\w.])0x")  # 0x8007: hexadecimal, not dimensions
 # 10", a 1" gap: inches ('the "5" key' is a quotation)
 _INCHES = re.compile(r"(?<![\w.\"“])(\d+(?:\.\d+)?)\"(?=[\s,.;:!?]|$)")
 
@@ -293,7 +293,7 @@ def _describes(m: re.Match[str]) -> bool:
     and before a word ('a $50 gift card' is 'a fifty dollar gift card')."""
     start = m.start()
     article = _ARTICLE.search(m.string, max(0, start - 5), start)
-    if article is None or re.match(r"\s+[a-z]", m.string[m.end() : m.end() + 2]) is None:
+    if article is None or _LOWER_WORD_NEXT.match(m.string, m.end()) is None:
         return False
     if article[2] is None:
         return True
@@ -642,7 +642,7 @@ def normalize_english(text: str) -> str:
     text = re.sub(r"(\d[\d,]*)%", lambda m: _number(m[1]) + " percent", text)
     text = re.sub(r"\b(\d{1,15})(st|nd|rd|th)\b", lambda m: en.ordinal(int(m[1])), text)
     text = _MULTIPLE.sub(lambda m: f"{m[1]} times", text)
-    text = _BY.sub(lambda m: m[0] if _HEX.search(m.string, 0, m.start()) else m[1] + " by ", text)
+    text = _BY.sub(lambda m: m[0] if _HEX.match(m.string, m.start() - 1) else m[1] + " by ", text)
     text = _INCHES.sub(
         lambda m: f"{m[1]} {'inch' if m[1] == '1' or _describes(m) else 'inches'}", text
     )
