@@ -466,3 +466,23 @@ def test_bad_input_during_a_turn_does_not_disturb_that_turn(
         during.events.remove(e)
     assert_complete(during)
     assert len(during.frames) == len(alone.frames)
+
+
+def test_text_that_makes_a_reading_rule_backtrack_is_spoken_and_stalls_no_one(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    """What was seen: 40 x's in a turn's text held the event loop for seconds (the
+    masked-number reading, `****1234`, backtracked exponentially; 50 would have held it
+    for minutes, every session with it)."""
+    server = make_server(playout=UNPACED)
+
+    async def go() -> TurnResult:
+        async with connect(server.url) as ws_a, connect(server.url) as ws_b:
+            a, b = Client(ws_a), Client(ws_b)
+            await a.start()
+            await b.start()
+            turn = await a.speak("x" * 60 + " and " + "*" * 60 + ".")
+            await still_speaks(b)
+            return turn
+
+    assert_complete(run(go()))
